@@ -1,0 +1,18 @@
+// The protocol versions this build speaks, and the handshake check both services use.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace meshrun {
+
+inline constexpr uint32_t kProtocolMinVersion = 1;
+inline constexpr uint32_t kProtocolMaxVersion = 1;
+// The version clients of this build send.
+inline constexpr uint32_t kProtocolVersion = kProtocolMaxVersion;
+
+// Errors: FAILED_PRECONDITION naming the peer's version and the supported range.
+absl::Status CheckProtocolVersion(uint32_t peer_version);
+
+}  // namespace meshrun

@@ -1,0 +1,81 @@
+// The coordinator's jobs and their lifecycle:
+//
+//   PENDING ──> ASSIGNED ──> LOADING ──> RUNNING ──> SUCCEEDED
+//      │            │           │           │
+//      └────────────┴───────────┴───────────┴──────> FAILED | CANCELLED
+//
+// Only these moves are legal; SUCCEEDED, FAILED and CANCELLED are final. A failure records
+// the failing host and its error text. Job ids are "job-<n>" in submission order.
+//
+// Lifetime: Create() returns an owned table; the clock must outlive it.
+// Thread-safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "meshrun/v1/job.pb.h"
+
+namespace meshrun::coordinator {
+
+const char* JobStateName(v1::JobState state);
+bool IsFinal(v1::JobState state);
+
+class JobTable {
+ public:
+  struct Config {
+    Clock* clock = &RealClock();
+  };
+
+  // Errors: INVALID_ARGUMENT when the clock is null.
+  static absl::StatusOr<std::unique_ptr<JobTable>> Create(Config config);
+
+  // Records a new PENDING job and returns its id.
+  std::string Add(const v1::JobSpec& spec);
+
+  // Errors: NOT_FOUND (unknown job), FAILED_PRECONDITION (the move is not legal from the
+  // job's current state; both states named).
+  absl::Status Transition(const std::string& job_id, v1::JobState to);
+
+  // Moves a job to FAILED naming `host` and `error`. Errors: as Transition.
+  absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
+
+  // Moves a job to CANCELLED. Errors: as Transition (a finished job cannot be cancelled).
+  absl::Status Cancel(const std::string& job_id);
+
+  // Applies `edit` to the job's manifest (mesh, compile results, progress). The edit must not
+  // change job_id or state. Errors: NOT_FOUND.
+  absl::Status Update(const std::string& job_id,
+                      const std::function<void(v1::JobManifest&)>& edit);
+
+  // Errors: NOT_FOUND.
+  absl::StatusOr<v1::JobManifest> Get(const std::string& job_id) const;
+  std::vector<v1::JobManifest> List() const;
+
+  // Fails every unfinished job that runs on `host` with incarnation `incarnation`, with
+  // `error`, and returns their ids.
+  std::vector<std::string> FailJobsOnWorker(const std::string& host,
+                                            const std::string& incarnation,
+                                            const std::string& error);
+
+ private:
+  explicit JobTable(Config config) : config_(config) {}
+  absl::Status TransitionLocked(v1::JobManifest& job, v1::JobState to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Config config_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, v1::JobManifest> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // ids in submission order
+};
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,91 @@
+#include "coordinator/job_table.h"
+
+#include <gtest/gtest.h>
+
+namespace meshrun::coordinator {
+namespace {
+
+using v1::JobState;
+
+std::unique_ptr<JobTable> NewTable(FakeClock* clock) {
+  return JobTable::Create({.clock = clock}).value();
+}
+
+TEST(JobTableTest, EveryMoveOfTheStateMachine) {
+  const std::vector<JobState> states = {
+      v1::JOB_STATE_PENDING, v1::JOB_STATE_ASSIGNED,  v1::JOB_STATE_LOADING,
+      v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED,
+      v1::JOB_STATE_CANCELLED};
+  // legal[from][to], in the order above.
+  const bool legal[7][7] = {
+      {0, 1, 0, 0, 0, 1, 1}, {0, 0, 1, 0, 0, 1, 1}, {0, 0, 0, 1, 0, 1, 1},
+      {0, 0, 0, 0, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0},
+      {0, 0, 0, 0, 0, 0, 0}};
+  FakeClock clock;
+  for (int from = 0; from < 7; ++from) {
+    for (int to = 0; to < 7; ++to) {
+      auto table = NewTable(&clock);
+      const std::string id = table->Add(v1::JobSpec());
+      // Walk the happy path to `from`; FAILED and CANCELLED are reached from PENDING.
+      for (int step = 1; step <= (from > 4 ? 0 : from); ++step) {
+        ASSERT_TRUE(table->Transition(id, states[step]).ok());
+      }
+      if (from > 4) ASSERT_TRUE(table->Transition(id, states[from]).ok());
+      const absl::Status status = table->Transition(id, states[to]);
+      EXPECT_EQ(status.ok(), legal[from][to])
+          << JobStateName(states[from]) << " -> " << JobStateName(states[to]) << ": " << status;
+      EXPECT_EQ(table->Get(id)->state(), legal[from][to] ? states[to] : states[from]);
+      if (!status.ok()) {
+        EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+        EXPECT_NE(status.message().find(JobStateName(states[from])), absl::string_view::npos);
+      }
+    }
+  }
+}
+
+TEST(JobTableTest, FailureNamesHostAndErrorAndStampsTime) {
+  FakeClock clock;
+  auto table = NewTable(&clock);
+  const std::string id = table->Add(v1::JobSpec());
+  EXPECT_EQ(id, "job-1");
+  clock.Advance(absl::Seconds(3));
+  ASSERT_TRUE(table->Fail(id, "host-b", "step 7: out of memory").ok());
+  const v1::JobManifest job = table->Get(id).value();
+  EXPECT_EQ(job.failed_host(), "host-b");
+  EXPECT_EQ(job.error(), "step 7: out of memory");
+  EXPECT_EQ(job.finished_unix_micros() - job.created_unix_micros(), 3000000);
+  EXPECT_EQ(table->Cancel(id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table->Get("job-99").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobTableTest, DeadWorkerFailsOnlyItsIncarnationsUnfinishedJobs) {
+  FakeClock clock;
+  auto table = NewTable(&clock);
+  const std::string running = table->Add(v1::JobSpec());
+  const std::string other = table->Add(v1::JobSpec());
+  const std::string finished = table->Add(v1::JobSpec());
+  for (const std::string& id : {running, other, finished}) {
+    ASSERT_TRUE(table->Transition(id, v1::JOB_STATE_ASSIGNED).ok());
+  }
+  ASSERT_TRUE(table->Update(running, [](v1::JobManifest& m) {
+    (*m.mutable_host_incarnations())["a"] = "a1";
+  }).ok());
+  ASSERT_TRUE(table->Update(other, [](v1::JobManifest& m) {
+    (*m.mutable_host_incarnations())["a"] = "a0";  // an older incarnation of the same host
+  }).ok());
+  ASSERT_TRUE(table->Update(finished, [](v1::JobManifest& m) {
+    (*m.mutable_host_incarnations())["a"] = "a1";
+  }).ok());
+  ASSERT_TRUE(table->Cancel(finished).ok());
+
+  EXPECT_EQ(table->FailJobsOnWorker("a", "a1", "worker a (incarnation a1) is DEAD"),
+            std::vector<std::string>{running});
+  EXPECT_EQ(table->Get(running)->failed_host(), "a");
+  EXPECT_EQ(table->Get(other)->state(), v1::JOB_STATE_ASSIGNED);
+  EXPECT_EQ(table->Get(finished)->state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_EQ(table->List().size(), 3u);
+  EXPECT_EQ(table->List()[0].job_id(), running);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator

@@ -1,0 +1,125 @@
+#include "coordinator/worker_registry.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace meshrun::coordinator {
+
+const char* WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kAlive: return "ALIVE";
+    case WorkerState::kDead: return "DEAD";
+    case WorkerState::kLeft: return "LEFT";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(Config config) {
+  if (config.heartbeat_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_timeout must be positive");
+  }
+  if (config.clock == nullptr) return absl::InvalidArgumentError("clock must not be null");
+  return std::unique_ptr<WorkerRegistry>(new WorkerRegistry(config));
+}
+
+absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
+  for (const auto& [field, value] : {std::pair<const char*, const std::string&>{"host", info.host},
+                                     {"address", info.address},
+                                     {"incarnation", info.incarnation}}) {
+    if (value.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("registration.", field, " is empty"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (incarnation_host_.contains(info.incarnation)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "incarnation ", info.incarnation, " of host ", incarnation_host_[info.incarnation],
+        " registered before; a restarted worker must register with a fresh incarnation"));
+  }
+  ExpireOverdueLocked();
+  incarnation_host_[info.incarnation] = info.host;
+  WorkerEntry& entry = by_host_[info.host];
+  if (entry.state == WorkerState::kAlive && !entry.info.incarnation.empty()) {
+    WorkerEntry replaced = entry;
+    replaced.state = WorkerState::kDead;
+    replaced.state_reason = absl::StrCat("replaced by new incarnation ", info.incarnation);
+    replaced_.push_back(std::move(replaced));
+  }
+  entry = WorkerEntry{.info = info,
+                      .state = WorkerState::kAlive,
+                      .last_heartbeat = config_.clock->Now(),
+                      .state_reason = ""};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerEntry*> WorkerRegistry::FindCurrent(const std::string& host,
+                                                         const std::string& incarnation) {
+  auto it = by_host_.find(host);
+  if (it == by_host_.end()) {
+    return absl::NotFoundError(absl::StrCat("host ", host, " is not registered; register first"));
+  }
+  WorkerEntry& entry = it->second;
+  if (entry.info.incarnation != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation ", incarnation, " of host ", host, " was replaced by ",
+        entry.info.incarnation, "; register a fresh incarnation"));
+  }
+  if (entry.state != WorkerState::kAlive) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host ", host, " incarnation ", incarnation, " is ", WorkerStateName(entry.state), " (",
+        entry.state_reason, "); register a fresh incarnation"));
+  }
+  return &entry;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& host, const std::string& incarnation) {
+  absl::MutexLock lock(&mu_);
+  ExpireOverdueLocked();
+  auto entry = FindCurrent(host, incarnation);
+  if (!entry.ok()) return entry.status();
+  (*entry)->last_heartbeat = config_.clock->Now();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Deregister(const std::string& host, const std::string& incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto entry = FindCurrent(host, incarnation);
+  if (!entry.ok()) return entry.status();
+  (*entry)->state = WorkerState::kLeft;
+  (*entry)->state_reason = "deregistered (drained)";
+  return absl::OkStatus();
+}
+
+std::vector<WorkerEntry> WorkerRegistry::ExpireOverdueLocked() {
+  std::vector<WorkerEntry> expired = std::move(replaced_);
+  replaced_.clear();
+  const absl::Time now = config_.clock->Now();
+  for (auto& [host, entry] : by_host_) {
+    if (entry.state == WorkerState::kAlive &&
+        now - entry.last_heartbeat > config_.heartbeat_timeout) {
+      entry.state = WorkerState::kDead;
+      entry.state_reason = absl::StrCat("no heartbeat for ",
+                                        absl::FormatDuration(now - entry.last_heartbeat),
+                                        " (timeout ",
+                                        absl::FormatDuration(config_.heartbeat_timeout), ")");
+      expired.push_back(entry);
+    }
+  }
+  return expired;
+}
+
+std::vector<WorkerEntry> WorkerRegistry::ExpireOverdue() {
+  absl::MutexLock lock(&mu_);
+  return ExpireOverdueLocked();
+}
+
+std::vector<WorkerEntry> WorkerRegistry::List() {
+  absl::MutexLock lock(&mu_);
+  ExpireOverdueLocked();
+  std::vector<WorkerEntry> entries;
+  entries.reserve(by_host_.size());
+  for (const auto& [host, entry] : by_host_) entries.push_back(entry);
+  return entries;
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,100 @@
+// The coordinator's registry of worker incarnations and their liveness.
+//
+//   Register ──> ALIVE ──(no heartbeat for `heartbeat_timeout`)──> DEAD
+//                  │ └──(same host registers a new incarnation)───> DEAD
+//                  └──(Deregister)──────────────────────────────> LEFT
+//
+// One entry per host: a host's newest incarnation. A new incarnation is a new member; the old
+// one is declared DEAD and never merged back. Liveness is judged against the injected clock,
+// so tests move time by hand.
+//
+// Lifetime: Create() returns an owned registry; the clock must outlive it.
+// Thread-safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "worker/runtime/identity.h"
+
+namespace meshrun::coordinator {
+
+struct WorkerInfo {
+  std::string host;
+  std::string address;       // host:port of the worker's own service
+  std::string incarnation;   // fresh per worker process start
+  int slice_id = 0;
+  int num_slices = 1;
+  int worker_index = 0;
+  std::vector<std::string> slice_hostnames;
+  runtime::RuntimeIdentity runtime;
+  std::vector<runtime::DeviceDescription> devices;
+  std::vector<std::string> executable_fingerprints;
+};
+
+enum class WorkerState { kAlive, kDead, kLeft };
+const char* WorkerStateName(WorkerState state);
+
+struct WorkerEntry {
+  WorkerInfo info;
+  WorkerState state = WorkerState::kAlive;
+  absl::Time last_heartbeat;
+  std::string state_reason;  // why DEAD or LEFT
+};
+
+class WorkerRegistry {
+ public:
+  struct Config {
+    absl::Duration heartbeat_timeout = absl::Seconds(10);
+    Clock* clock = &RealClock();
+  };
+
+  // Errors: INVALID_ARGUMENT when the timeout is not positive or the clock is null.
+  static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(Config config);
+
+  // Adds `info` as the host's current incarnation.
+  // Errors: INVALID_ARGUMENT (host, address or incarnation empty; named), ALREADY_EXISTS
+  // (this incarnation registered before: a restarted worker must bring a fresh one).
+  absl::Status Register(const WorkerInfo& info);
+
+  // Errors: NOT_FOUND (host unknown: register), FAILED_PRECONDITION (the incarnation is not
+  // the host's current one, or was declared DEAD or LEFT: register a fresh incarnation).
+  absl::Status Heartbeat(const std::string& host, const std::string& incarnation);
+
+  // Marks the incarnation LEFT. Errors: as Heartbeat.
+  absl::Status Deregister(const std::string& host, const std::string& incarnation);
+
+  // Declares DEAD every ALIVE worker whose last heartbeat is older than the timeout and
+  // returns the entries declared dead since the last call (timed out or replaced by a new
+  // incarnation), each once, so their jobs can be failed.
+  std::vector<WorkerEntry> ExpireOverdue();
+
+  // Every host's current entry, sorted by host. Expires overdue workers first.
+  std::vector<WorkerEntry> List();
+
+  absl::Duration heartbeat_timeout() const { return config_.heartbeat_timeout; }
+  absl::Duration heartbeat_interval() const { return config_.heartbeat_timeout / 2; }
+
+ private:
+  explicit WorkerRegistry(Config config) : config_(config) {}
+  absl::StatusOr<WorkerEntry*> FindCurrent(const std::string& host,
+                                           const std::string& incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<WorkerEntry> ExpireOverdueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Config config_;
+  absl::Mutex mu_;
+  std::map<std::string, WorkerEntry> by_host_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> incarnation_host_ ABSL_GUARDED_BY(mu_);  // every one seen
+  // Incarnations displaced by a newer one of their host, not yet reported by ExpireOverdue.
+  std::vector<WorkerEntry> replaced_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,81 @@
+#include "coordinator/worker_registry.h"
+
+#include <gtest/gtest.h>
+
+namespace meshrun::coordinator {
+namespace {
+
+WorkerInfo Worker(const std::string& host, const std::string& incarnation) {
+  return WorkerInfo{.host = host, .address = host + ":7071", .incarnation = incarnation};
+}
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto registry = WorkerRegistry::Create({.heartbeat_timeout = absl::Seconds(10), .clock = &clock_});
+    ASSERT_TRUE(registry.ok());
+    registry_ = std::move(*registry);
+  }
+  FakeClock clock_;
+  std::unique_ptr<WorkerRegistry> registry_;
+};
+
+TEST_F(WorkerRegistryTest, HeartbeatsKeepAWorkerAliveAndSilenceKillsIt) {
+  ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
+  EXPECT_EQ(registry_->heartbeat_interval(), absl::Seconds(5));
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    ASSERT_TRUE(registry_->Heartbeat("a", "a1").ok());
+  }
+  EXPECT_TRUE(registry_->ExpireOverdue().empty());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(registry_->ExpireOverdue().empty()) << "exactly the timeout is still alive";
+  clock_.Advance(absl::Milliseconds(1));
+  std::vector<WorkerEntry> dead = registry_->ExpireOverdue();
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].info.host, "a");
+  EXPECT_NE(dead[0].state_reason.find("no heartbeat"), std::string::npos);
+  EXPECT_TRUE(registry_->ExpireOverdue().empty()) << "reported once";
+  EXPECT_EQ(registry_->Heartbeat("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(WorkerRegistryTest, NewIncarnationIsANewMemberAndTheOldOneDies) {
+  ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
+  ASSERT_TRUE(registry_->Register(Worker("a", "a2")).ok());
+  std::vector<WorkerEntry> dead = registry_->ExpireOverdue();
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].info.incarnation, "a1");
+  EXPECT_EQ(registry_->Heartbeat("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(registry_->Heartbeat("a", "a2").ok());
+  EXPECT_EQ(registry_->Register(Worker("a", "a1")).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_EQ(registry_->List().size(), 1u);
+  EXPECT_EQ(registry_->List()[0].info.incarnation, "a2");
+}
+
+TEST_F(WorkerRegistryTest, BadRegistrationNamesFieldAndChangesNothing) {
+  WorkerInfo info = Worker("a", "a1");
+  info.address.clear();
+  const absl::Status status = registry_->Register(info);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("registration.address"), absl::string_view::npos);
+  EXPECT_TRUE(registry_->List().empty());
+  EXPECT_EQ(registry_->Heartbeat("nobody", "x").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(WorkerRegistryTest, DeregisteredWorkerIsLeftNotDead) {
+  ASSERT_TRUE(registry_->Register(Worker("b", "b1")).ok());
+  ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
+  ASSERT_TRUE(registry_->Deregister("a", "a1").ok());
+  clock_.Advance(absl::Minutes(1));
+  std::vector<WorkerEntry> dead = registry_->ExpireOverdue();
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].info.host, "b");
+  std::vector<WorkerEntry> all = registry_->List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].info.host, "a");  // sorted
+  EXPECT_EQ(all[0].state, WorkerState::kLeft);
+  EXPECT_EQ(all[1].state, WorkerState::kDead);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The main job: sets up, builds, starts a coordinator and two workers on loopback, shows them
+# registered, then drains the cluster with SIGTERM. MESHRUN_DEMO_KEEP=1 keeps it running
+# until Ctrl-C.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+bash scripts/build.sh build
+bin="$root/build/services"
+run="$(mktemp -d)"
+pids=()
+stop_all() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait || true
+}
+trap stop_all EXIT INT TERM
+
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$run/coordinator" \
+  >"$run/coordinator.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q "listening on port" "$run/coordinator.log" && break; sleep 0.1; done
+port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$run/coordinator.log" | head -1)
+[ -n "$port" ] || { cat "$run/coordinator.log"; exit 1; }
+echo "demo: coordinator on 127.0.0.1:$port (logs in $run)"
+for w in 0 1; do
+  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
+    --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" \
+    >"$run/worker-$w.log" 2>&1 &
+  pids+=($!)
+done
+"$bin/meshrun" health "127.0.0.1:$port"
+"$bin/meshrun" --coordinator="127.0.0.1:$port" workers --expect=2 --wait=30s
+if [ "${MESHRUN_DEMO_KEEP:-0}" = "1" ]; then
+  echo "demo: running; try: $bin/meshrun --coordinator=127.0.0.1:$port workers   (Ctrl-C stops)"
+  wait "${pids[0]}"
+fi
+echo "demo: draining the cluster"
+stop_all
+trap - EXIT
+echo "demo: done"

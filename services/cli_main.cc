@@ -1,0 +1,131 @@
+// meshrun: the command-line client.
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "services/binary_setup.h"
+#include "services/grpc_probe.h"
+#include "services/server_support.h"
+#include "worker/runtime/identity.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
+ABSL_FLAG(int, expect, 0,
+          "workers: wait (up to --wait) until at least this many workers are ALIVE");
+ABSL_FLAG(absl::Duration, wait, absl::Seconds(30), "workers --expect: how long to wait");
+
+namespace meshrun::services {
+namespace {
+
+constexpr char kUsage[] =
+    "meshrun [flags] <command> [args]\n\n"
+    "commands:\n"
+    "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
+    "  workers              list the coordinator's workers (--expect=N waits for N alive)\n"
+    "  version              print this build's version and protocol range\n";
+
+int Health(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
+  if (auto parsed = ParseHostPort("address", args[2]); !parsed.ok()) {
+    ExitWithError(absl::StrCat("address \"", args[2],
+                               "\" is not HOST:PORT, e.g. 127.0.0.1:7070"), 2);
+  }
+  absl::StatusOr<std::string> health =
+      CheckHealth(MakeChannel(args[2]), "", absl::GetFlag(FLAGS_timeout));
+  if (!health.ok()) {
+    std::printf("NOT SERVING: %s: %s\n", absl::StatusCodeToString(health.status().code()).c_str(),
+                std::string(health.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%s\n", health->c_str());
+  return *health == "SERVING" ? 0 : 1;
+}
+
+std::string StateName(v1::WorkerState state) {
+  switch (state) {
+    case v1::WORKER_STATE_ALIVE: return "ALIVE";
+    case v1::WORKER_STATE_DEAD: return "DEAD";
+    case v1::WORKER_STATE_LEFT: return "LEFT";
+    default: return "UNKNOWN";
+  }
+}
+
+absl::StatusOr<v1::ListWorkersResponse> ListWorkers(v1::Coordinator::Stub& stub) {
+  v1::ListWorkersResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  grpc::Status status = stub.ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+int Workers() {
+  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
+    ExitWithError(std::string(parsed.status().message()), 2);
+  }
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  const int expect = absl::GetFlag(FLAGS_expect);
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_wait);
+  absl::StatusOr<v1::ListWorkersResponse> workers;
+  while (true) {
+    workers = ListWorkers(*stub);
+    int alive = 0;
+    if (workers.ok()) {
+      for (const auto& w : workers->workers()) alive += w.state() == v1::WORKER_STATE_ALIVE;
+    }
+    if (expect <= 0 || alive >= expect || absl::Now() >= give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!workers.ok()) {
+    ExitWithError(absl::StrCat("cannot list workers of coordinator ", address, ": ",
+                               workers.status().message()), 1);
+  }
+  std::printf("%-20s %-6s %-22s %-10s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
+              "DEVICES", "HEARTBEAT", "NOTE");
+  int alive = 0;
+  const int64_t now_micros = absl::ToUnixMicros(absl::Now());
+  for (const v1::WorkerStatus& w : workers->workers()) {
+    const auto& reg = w.registration();
+    alive += w.state() == v1::WORKER_STATE_ALIVE;
+    runtime::RuntimeIdentity identity{.platform_name = reg.runtime().platform_name(),
+                                      .platform_version = reg.runtime().platform_version()};
+    std::string note = w.state_reason();
+    if (!w.exclusion_reason().empty()) note = absl::StrCat(note, " excluded: ", w.exclusion_reason());
+    std::printf("%-20s %-6s %-22s %-10s %-7d %-9s %s\n", reg.host().c_str(),
+                StateName(w.state()).c_str(), reg.address().c_str(),
+                runtime::ToString(identity).c_str(), reg.devices_size(),
+                absl::StrFormat("%.1fs ago",
+                                (now_micros - w.last_heartbeat_unix_micros()) / 1e6).c_str(),
+                note.c_str());
+  }
+  if (expect > 0 && alive < expect) {
+    ExitWithError(absl::StrCat("only ", alive, " of ", expect, " expected workers are ALIVE after ",
+                               absl::FormatDuration(absl::GetFlag(FLAGS_wait))), 1);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace meshrun::services
+
+int main(int argc, char** argv) {
+  using namespace meshrun::services;
+  std::vector<std::string> args = InitBinary("meshrun", kUsage, argc, argv);
+  if (args.size() < 2) ExitWithError(std::string("no command given\n") + kUsage, 2);
+  const std::string& command = args[1];
+  if (command == "health") return Health(args);
+  if (command == "workers") return Workers();
+  if (command == "version") {
+    std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
+                meshrun::kProtocolMaxVersion);
+    return 0;
+  }
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, version", 2);
+}

@@ -1,0 +1,42 @@
+// meshrun-coordinator: the control plane's server. Runs until SIGTERM or SIGINT, then drains.
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
+#include "services/binary_setup.h"
+#include "services/coordinator_server.h"
+#include "services/server_support.h"
+
+ABSL_FLAG(std::string, listen, "[::]:7070", "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory for persistent state (executable cache, telemetry history); default "
+          "$XDG_STATE_HOME/meshrun/coordinator or ~/.local/state/meshrun/coordinator");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
+          "a worker silent for this long is DEAD; workers heartbeat every half of it");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "on SIGTERM, how long in-flight calls may take before they are cancelled");
+
+int main(int argc, char** argv) {
+  using meshrun::services::ExitWithError;
+  std::vector<std::string> args = meshrun::services::InitBinary(
+      "meshrun-coordinator",
+      "meshrun-coordinator [flags]\n\nServes the meshrun control plane: workers register here, "
+      "jobs are submitted here, telemetry is combined here.",
+      argc, argv);
+  if (args.size() > 1) {
+    ExitWithError("unexpected argument \"" + args[1] + "\"; see --help", 2);
+  }
+  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) state_dir = meshrun::services::DefaultStateDir("coordinator");
+  auto server = meshrun::services::CoordinatorServer::Start(
+      {.listen = absl::GetFlag(FLAGS_listen),
+       .state_dir = state_dir,
+       .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout)});
+  if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
+  const int signal = meshrun::services::WaitForTerminationSignal();
+  const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
+  spdlog::info("signal {}: draining (deadline {})", signal, absl::FormatDuration(drain));
+  (*server)->Drain(drain);
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,88 @@
+#include "services/proto_convert.h"
+
+namespace meshrun::services {
+
+v1::RuntimeIdentity ToProto(const runtime::RuntimeIdentity& identity) {
+  v1::RuntimeIdentity out;
+  out.set_platform_name(identity.platform_name);
+  out.set_platform_version(identity.platform_version);
+  out.set_pjrt_api_major(identity.pjrt_api_major);
+  out.set_pjrt_api_minor(identity.pjrt_api_minor);
+  out.set_plugin_sha256(identity.plugin_sha256);
+  return out;
+}
+
+runtime::RuntimeIdentity FromProto(const v1::RuntimeIdentity& identity) {
+  return runtime::RuntimeIdentity{.platform_name = identity.platform_name(),
+                                  .platform_version = identity.platform_version(),
+                                  .pjrt_api_major = identity.pjrt_api_major(),
+                                  .pjrt_api_minor = identity.pjrt_api_minor(),
+                                  .plugin_sha256 = identity.plugin_sha256()};
+}
+
+v1::DeviceInfo ToProto(const runtime::DeviceDescription& device) {
+  v1::DeviceInfo out;
+  out.set_global_id(device.global_id);
+  out.set_local_id(device.local_id);
+  out.set_process_index(device.process_index);
+  out.set_kind(device.kind);
+  out.set_runtime_name(device.runtime_name);
+  out.mutable_coords()->Add(device.coords.begin(), device.coords.end());
+  out.mutable_attributes()->insert(device.attributes.begin(), device.attributes.end());
+  return out;
+}
+
+runtime::DeviceDescription FromProto(const v1::DeviceInfo& device) {
+  return runtime::DeviceDescription{
+      .global_id = device.global_id(),
+      .local_id = device.local_id(),
+      .process_index = device.process_index(),
+      .kind = device.kind(),
+      .runtime_name = device.runtime_name(),
+      .coords = {device.coords().begin(), device.coords().end()},
+      .attributes = {device.attributes().begin(), device.attributes().end()}};
+}
+
+v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info) {
+  v1::WorkerRegistration out;
+  out.set_host(info.host);
+  out.set_address(info.address);
+  out.set_incarnation(info.incarnation);
+  out.set_slice_id(info.slice_id);
+  out.set_num_slices(info.num_slices);
+  out.set_worker_index(info.worker_index);
+  for (const std::string& name : info.slice_hostnames) out.add_slice_hostnames(name);
+  *out.mutable_runtime() = ToProto(info.runtime);
+  for (const auto& device : info.devices) *out.add_devices() = ToProto(device);
+  for (const std::string& fp : info.executable_fingerprints) out.add_executable_fingerprints(fp);
+  return out;
+}
+
+coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration) {
+  coordinator::WorkerInfo info{
+      .host = registration.host(),
+      .address = registration.address(),
+      .incarnation = registration.incarnation(),
+      .slice_id = registration.slice_id(),
+      .num_slices = registration.num_slices(),
+      .worker_index = registration.worker_index(),
+      .slice_hostnames = {registration.slice_hostnames().begin(),
+                          registration.slice_hostnames().end()},
+      .runtime = FromProto(registration.runtime()),
+      .devices = {},
+      .executable_fingerprints = {registration.executable_fingerprints().begin(),
+                                  registration.executable_fingerprints().end()}};
+  for (const auto& device : registration.devices()) info.devices.push_back(FromProto(device));
+  return info;
+}
+
+v1::WorkerState ToProto(coordinator::WorkerState state) {
+  switch (state) {
+    case coordinator::WorkerState::kAlive: return v1::WORKER_STATE_ALIVE;
+    case coordinator::WorkerState::kDead: return v1::WORKER_STATE_DEAD;
+    case coordinator::WorkerState::kLeft: return v1::WORKER_STATE_LEFT;
+  }
+  return v1::WORKER_STATE_UNSPECIFIED;
+}
+
+}  // namespace meshrun::services

@@ -1,0 +1,21 @@
+// Conversions between wire messages and the logic libraries' plain types. Pure; thread-safe.
+#pragma once
+
+#include "coordinator/worker_registry.h"
+#include "meshrun/v1/coordinator.pb.h"
+#include "worker/runtime/identity.h"
+
+namespace meshrun::services {
+
+v1::RuntimeIdentity ToProto(const runtime::RuntimeIdentity& identity);
+runtime::RuntimeIdentity FromProto(const v1::RuntimeIdentity& identity);
+
+v1::DeviceInfo ToProto(const runtime::DeviceDescription& device);
+runtime::DeviceDescription FromProto(const v1::DeviceInfo& device);
+
+v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info);
+coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration);
+
+v1::WorkerState ToProto(coordinator::WorkerState state);
+
+}  // namespace meshrun::services

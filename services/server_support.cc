@@ -1,0 +1,148 @@
+#include "services/server_support.h"
+
+#include <grpc/support/log.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace meshrun::services {
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::string& address) {
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", address, ": ", why,
+                                                   "; expected HOST:PORT, e.g. 127.0.0.1:7070"));
+  };
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad("no host or port");
+  HostPort hp;
+  hp.host = address.substr(0, colon);
+  if (hp.host.front() == '[') {
+    if (hp.host.back() != ']') return bad("unclosed '[' around an IPv6 host");
+    hp.host = hp.host.substr(1, hp.host.size() - 2);
+  } else if (hp.host.find(':') != std::string::npos) {
+    return bad("an IPv6 host needs brackets, as in [::1]:7070");
+  }
+  if (hp.host.empty()) return bad("empty host");
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &hp.port) || hp.port < 0 || hp.port > 65535) {
+    return bad("port must be a number from 0 to 65535");
+  }
+  return hp;
+}
+
+absl::Status PrepareStateDir(const std::string& flag, const std::string& path) {
+  const auto fail = [&](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", flag, "=", path, " is not a usable state directory: ", why,
+        "; pass a writable directory"));
+  };
+  if (path.empty()) return fail("empty path");
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return fail(ec.message());
+  if (!std::filesystem::is_directory(path, ec)) return fail("not a directory");
+  const std::string probe = absl::StrCat(path, "/.write-probe-", getpid());
+  {
+    std::ofstream out(probe);
+    out << "probe";
+    if (!out) return fail(std::strerror(errno));
+  }
+  std::filesystem::remove(probe, ec);
+  return absl::OkStatus();
+}
+
+std::string DefaultStateDir(const std::string& component) {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/meshrun/", component);
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return absl::StrCat(home, "/.local/state/meshrun/", component);
+  }
+  return absl::StrCat(".meshrun-state/", component);
+}
+
+absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
+                                              const std::vector<grpc::Service*>& services) {
+  if (absl::StatusOr<HostPort> parsed = ParseHostPort(flag, address); !parsed.ok()) {
+    return parsed.status();
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  StartedServer started;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  started.server = builder.BuildAndStart();
+  if (started.server == nullptr || started.port == 0) {
+    if (started.server != nullptr) started.server->Shutdown();
+    return absl::UnavailableError(absl::StrCat(
+        "--", flag, "=", address,
+        ": cannot listen there (port already in use, or not an address of this machine)"));
+  }
+  started.server->GetHealthCheckService()->SetServingStatus(true);
+  return started;
+}
+
+void DrainServer(grpc::Server& server, absl::Duration deadline) {
+  server.GetHealthCheckService()->SetServingStatus(false);
+  server.Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+  server.Wait();
+}
+
+void RouteGrpcLogsToSpdlog() {
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("grpc {}:{}: {}", args->file, args->line, args->message);
+    }
+  });
+}
+
+namespace {
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set = TerminationSignals();
+  int signal = 0;
+  while (sigwait(&set, &signal) != 0) {
+  }
+  return signal;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+}  // namespace meshrun::services

@@ -1,0 +1,68 @@
+// What every meshrun binary needs around its gRPC server: flag validation, a state directory,
+// a server with health and reflection, gRPC's own logs routed into ours, and a signal wait.
+//
+// Thread-safety: the functions are safe to call from one thread at start-up; the returned
+// server is as thread-safe as grpc::Server.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace meshrun::services {
+
+struct HostPort {
+  std::string host;  // as written, brackets removed for IPv6
+  int port = 0;
+};
+
+// Parses "HOST:PORT" ("127.0.0.1:7070", "[::]:0", "node-3:7071").
+// Errors: INVALID_ARGUMENT naming `flag`, the value and the expected form.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::string& address);
+
+// Creates `path` if needed and checks that files can be written in it.
+// Errors: FAILED_PRECONDITION naming `flag`, the path and the system's reason.
+absl::Status PrepareStateDir(const std::string& flag, const std::string& path);
+
+// The default state directory: $XDG_STATE_HOME/meshrun/<component>, else
+// $HOME/.local/state/meshrun/<component>, else ./.meshrun-state/<component>.
+std::string DefaultStateDir(const std::string& component);
+
+struct StartedServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // the bound port (useful with port 0)
+};
+
+// Builds and starts a server on `address` with `services`, the standard gRPC health service
+// (overall status SERVING) and server reflection. SO_REUSEPORT is off, so a port in use is an
+// error rather than a silent second listener.
+// Errors: INVALID_ARGUMENT (malformed address), UNAVAILABLE (cannot listen: port in use or
+// address not local), both naming the address.
+absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
+                                              const std::vector<grpc::Service*>& services);
+
+// Marks the health service NOT_SERVING, then shuts the server down: in-flight calls get until
+// `deadline` to finish and are cancelled after. Returns when the server has stopped.
+void DrainServer(grpc::Server& server, absl::Duration deadline);
+
+// gRPC logs through its own channel; route those lines to spdlog at debug level so users see
+// meshrun's single explanatory line, and --log_level=debug still shows gRPC's detail.
+void RouteGrpcLogsToSpdlog();
+
+// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts later; call at
+// the top of main. WaitForTerminationSignal then returns the signal number once one arrives.
+void BlockTerminationSignals();
+int WaitForTerminationSignal();
+
+// A client channel with meshrun's defaults (no proxy lookups, insecure loopback-friendly).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// A context whose deadline is `timeout` from now. Every meshrun client call has one.
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
+
+}  // namespace meshrun::services

@@ -1,0 +1,62 @@
+// meshrun-worker: one per host. Registers with the coordinator, heartbeats, and (as later
+// capabilities land) loads executables and runs steps. Runs until SIGTERM or SIGINT.
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "services/binary_setup.h"
+#include "services/server_support.h"
+#include "services/worker_server.h"
+#include "worker/host_identity.h"
+
+ABSL_FLAG(std::string, listen, "[::]:7071", "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, advertise_address, "",
+          "HOST:PORT the coordinator uses to reach this worker; default: the listen host "
+          "(the host name for a wildcard listen address) and the bound port");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
+ABSL_FLAG(std::string, host, "",
+          "this worker's host name; default TPU_WORKER_HOSTNAMES[TPU_WORKER_ID] or the "
+          "machine's host name");
+ABSL_FLAG(int, worker_index, 0, "index of this host in its slice (TPU_WORKER_ID wins)");
+ABSL_FLAG(int, slice_id, 0, "slice of this host (MEGASCALE_SLICE_ID wins)");
+ABSL_FLAG(int, num_slices, 1, "number of slices (MEGASCALE_NUM_SLICES wins)");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory for the local executable cache; default "
+          "$XDG_STATE_HOME/meshrun/worker-<host> or ~/.local/state/meshrun/worker-<host>");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "on SIGTERM, how long in-flight work may take before it is cancelled");
+
+int main(int argc, char** argv) {
+  using meshrun::services::ExitWithError;
+  std::vector<std::string> args = meshrun::services::InitBinary(
+      "meshrun-worker",
+      "meshrun-worker [flags]\n\nRuns one host's share of meshrun jobs and reports to the "
+      "coordinator.",
+      argc, argv);
+  if (args.size() > 1) {
+    ExitWithError("unexpected argument \"" + args[1] + "\"; see --help", 2);
+  }
+  auto identity = meshrun::worker::ResolveHostIdentity(
+      {.host = absl::GetFlag(FLAGS_host),
+       .slice_id = absl::GetFlag(FLAGS_slice_id),
+       .num_slices = absl::GetFlag(FLAGS_num_slices),
+       .worker_index = absl::GetFlag(FLAGS_worker_index)},
+      meshrun::worker::ProcessEnvironment());
+  if (!identity.ok()) ExitWithError(std::string(identity.status().message()), 2);
+  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) {
+    state_dir = meshrun::services::DefaultStateDir("worker-" + identity->host);
+  }
+  auto server = meshrun::services::WorkerServer::Start(
+      {.listen = absl::GetFlag(FLAGS_listen),
+       .advertise_address = absl::GetFlag(FLAGS_advertise_address),
+       .coordinator = absl::GetFlag(FLAGS_coordinator),
+       .identity = *identity,
+       .state_dir = state_dir});
+  if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
+  const int signal = meshrun::services::WaitForTerminationSignal();
+  const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
+  spdlog::info("signal {}: draining (deadline {})", signal, absl::FormatDuration(drain));
+  (*server)->Drain(drain);
+  spdlog::info("stopped");
+  return 0;
+}

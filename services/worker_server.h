@@ -1,0 +1,80 @@
+// The worker process's service: the Worker gRPC service (with health and reflection) plus the
+// loop that registers this host with the coordinator and heartbeats every timeout/2. Used by
+// meshrun-worker and by tests.
+//
+// The loop never gives up: while the coordinator is unreachable it retries with backoff;
+// when the coordinator forgot this worker (restart) it registers again; when it declared this
+// incarnation dead it registers as a fresh incarnation (a new member, never merged back).
+//
+// Lifetime: Start() returns a running server; Drain() (or the destructor) deregisters and stops.
+// Thread-safety: all public methods may be called from any thread; Drain() is idempotent.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/host_identity.h"
+
+namespace meshrun::services {
+
+class WorkerServer {
+ public:
+  struct Config {
+    std::string listen = "[::]:7071";
+    // host:port the coordinator should use to reach this worker; empty = listen host (or the
+    // host name when listening on a wildcard address) with the bound port.
+    std::string advertise_address;
+    std::string coordinator = "127.0.0.1:7070";
+    worker::HostIdentity identity;  // resolved (see worker/host_identity.h)
+    std::string state_dir;          // required; created if missing
+    absl::Duration rpc_timeout = absl::Seconds(5);
+  };
+
+  // Errors: INVALID_ARGUMENT (bad address flag), FAILED_PRECONDITION (state directory
+  // unusable), UNAVAILABLE (cannot listen); each names the flag. The coordinator being down
+  // is not an error: registration keeps retrying in the background.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Config config);
+  ~WorkerServer();
+
+  int port() const { return port_; }
+  std::string incarnation() const;
+  bool registered() const { return registered_; }
+
+  // Stops heartbeating, deregisters (bounded by rpc_timeout), gives in-flight calls until
+  // `deadline`, then stops.
+  void Drain(absl::Duration deadline);
+
+ private:
+  class Service;
+  explicit WorkerServer(Config config);
+  void RegistrationLoop();
+  absl::Status Register();
+  absl::Status Heartbeat();
+
+  const Config config_;
+  std::string advertise_address_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  mutable absl::Mutex mu_;
+  std::string incarnation_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> registered_{false};
+  std::atomic<int64_t> heartbeat_interval_millis_{1000};
+  absl::Notification stop_loop_;
+  std::thread loop_;
+  std::atomic<bool> drained_{false};
+};
+
+}  // namespace meshrun::services
