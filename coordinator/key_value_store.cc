@@ -24,7 +24,9 @@ KeyValueStore::KeyValueStore(Config config) : config_(config) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
-KeyValueStore::~KeyValueStore() {
+KeyValueStore::~KeyValueStore() { CancelWaiters(); }
+
+void KeyValueStore::CancelWaiters() {
   std::vector<GetCallback> gets;
   std::vector<BarrierCallback> barriers;
   {
@@ -37,7 +39,7 @@ KeyValueStore::~KeyValueStore() {
       barrier.waiters.clear();
     }
   }
-  timer_.join();
+  if (timer_.joinable()) timer_.join();
   for (auto& done : gets) done(absl::CancelledError("key-value store shutting down"));
   for (auto& done : barriers) done(absl::CancelledError("key-value store shutting down"));
 }

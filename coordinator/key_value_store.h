@@ -6,8 +6,8 @@
 // thread owned by the store fires deadlines; it uses real time (deadlines are absolute
 // absl::Time values).
 //
-// Lifetime: Create() returns an owned store; destroying it fails every pending waiter with
-// CANCELLED. Thread-safety: all methods are safe to call concurrently; callbacks run on the
+// Lifetime: Create() returns an owned store; destroying it (or CancelWaiters) fails every
+// pending waiter with CANCELLED. Thread-safety: all methods are safe to call concurrently; callbacks run on the
 // calling thread of Set/WaitAtBarrier or on the timer thread, never under the store's lock.
 #pragma once
 
@@ -40,6 +40,10 @@ class KeyValueStore {
   // Errors: INVALID_ARGUMENT for non-positive limits.
   static absl::StatusOr<std::unique_ptr<KeyValueStore>> Create(Config config);
   ~KeyValueStore();
+
+  // Fails every pending and future waiter with CANCELLED (a draining server calls it so no
+  // call waits past the drain). Values stay readable. Idempotent.
+  void CancelWaiters();
 
   // Errors: INVALID_ARGUMENT (empty key, key ending in "/", value over the limit),
   // ALREADY_EXISTS (key set and !allow_overwrite), RESOURCE_EXHAUSTED (too many keys).

@@ -1,0 +1,17 @@
+// Checks a submitted JobSpec before anything is scheduled, so a bad job is refused at submit
+// with the field named and no worker is touched. Pure function; thread-safe.
+#pragma once
+
+#include "absl/status/status.h"
+#include "meshrun/v1/job.pb.h"
+
+namespace meshrun::coordinator {
+
+// Errors: INVALID_ARGUMENT naming the field (e.g. "spec.telemetry[1].name \"los\" is not an
+// output of the step program") and, where there is one, the fix.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// "A" for dense and Mamba-only models (one whole-step program), "B" for MoE (grad + apply).
+const char* CompileMode(v1::ModelFamily family);
+
+}  // namespace meshrun::coordinator
