@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Exports meshrun's example training programs from JAX, with everything a run needs.
+
+For two models, (a) an MLP classifier and (b) a small byte-level decoder-only transformer LM,
+and three meshes, dp1 (1 device), dp8 (8-way data parallel) and dp4_tp2 (4 x 2, Megatron-style
+tensor parallel over "model"), it writes:
+
+  <model>/<mesh>/init.mlirbc     init(seed: u32[]) -> state          (StableHLO portable artifact)
+  <model>/<mesh>/step.mlirbc     step(state, batch) -> (state, metrics); state donated
+  <model>/<mesh>/job.json        mesh, inputs/outputs (dtype, global and per-device shape,
+                                 sharding), donation, data layout, telemetry declarations
+  <model>/<mesh>/reference.json  what JAX itself computes: loss and grad norm of 20 steps
+  <model>/data.bin               the 20 global batches, row-major little-endian, step after step
+  jax_compile_options/partitions_{1,8}.pb
+                                 JAX's own serialized CompileOptions for 1 and 8 partitions,
+                                 the reference for worker/runtime/compile_options_test.cc
+
+Programs carry no source locations, and XLA_FLAGS is fixed here, so the output depends only on
+this file and the pinned JAX (scripts/fetch_pjrt.sh): a rerun gives the same bytes.
+
+  .venv/bin/python examples/export_examples.py           # rewrite examples/
+  .venv/bin/python examples/export_examples.py --check   # regenerate into a temp dir, compare
+Exit code 77 (with a message) when JAX is not installed.
+"""
+import argparse
+import filecmp
+import json
+import os
+import sys
+import tempfile
+
+# Fixed before JAX loads: 8 host devices, CPU only, no flags from the caller's environment.
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+try:
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax._src import compiler  # private: JAX's compile options (hence the exact JAX pin)
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir.dialects import hlo
+except ImportError as e:  # pragma: no cover
+    print(f"skipped: JAX is not installed ({e}); run scripts/fetch_pjrt.sh")
+    sys.exit(77)
+
+STEPS = 20
+SEED = 0
+MESHES = {"dp1": (1, 1), "dp8": (8, 1), "dp4_tp2": (4, 2)}
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DTYPE_NAMES = {"float32": "f32", "int32": "s32", "uint32": "u32"}  # meshrun's dtype names
+
+
+# ---------------------------------------------------------------- sharding helpers
+
+def make_mesh(dp, tp):
+    devices = np.array(jax.devices()[: dp * tp])
+    if tp == 1:
+        return Mesh(devices.reshape(dp), ("data",))
+    return Mesh(devices.reshape(dp, tp), ("data", "model"))
+
+
+def spec(mesh, *axes):
+    """A PartitionSpec that drops axes the mesh does not have (no "model" axis when tp=1)."""
+    return P(*[a if a in mesh.axis_names else None for a in axes])
+
+
+def shard_shape(shape, pspec, mesh):
+    out = list(shape)
+    for i, axis in enumerate(tuple(pspec) + (None,) * (len(shape) - len(pspec))):
+        if axis is not None:
+            assert out[i] % mesh.shape[axis] == 0, (shape, pspec)
+            out[i] //= mesh.shape[axis]
+    return out
+
+
+# ---------------------------------------------------------------- optimizer
+
+def adam(params, grads, opt, lr, b1=0.9, b2=0.999, eps=1e-8):
+    count = opt["count"] + 1
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, opt["m"], grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["v"], grads)
+    c = count.astype(jnp.float32)
+    step_size = lr * jnp.sqrt(1 - b2**c) / (1 - b1**c)
+    params = jax.tree.map(lambda p, m, v: p - step_size * m / (jnp.sqrt(v) + eps), params, m, v)
+    return params, {"count": count, "m": m, "v": v}
+
+
+def global_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def init_opt(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return {"count": jnp.zeros((), jnp.int32), "m": zeros, "v": jax.tree.map(jnp.zeros_like, params)}
+
+
+def opt_specs(param_specs):
+    return {"count": P(), "m": param_specs, "v": param_specs}
+
+
+# ---------------------------------------------------------------- (a) MLP classifier
+
+class Mlp:
+    name = "mlp_classifier"
+    family = "dense"
+    batch, features, hidden, classes = 32, 16, 64, 8
+    lr = 3e-3
+
+    def param_specs(self, mesh):
+        return {
+            "w1": spec(mesh, None, "model"), "b1": spec(mesh, "model"),
+            "w2": spec(mesh, "model", None), "b2": P(),
+            "w3": P(), "b3": P(),
+        }
+
+    def batch_specs(self, mesh):
+        return {"x": spec(mesh, "data", None), "label": spec(mesh, "data")}
+
+    def init(self, seed):
+        k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+        f, h, c = self.features, self.hidden, self.classes
+        params = {
+            "w1": jax.random.normal(k1, (f, h)) * (1 / np.sqrt(f)), "b1": jnp.zeros((h,)),
+            "w2": jax.random.normal(k2, (h, h)) * (1 / np.sqrt(h)), "b2": jnp.zeros((h,)),
+            "w3": jax.random.normal(k3, (h, c)) * (1 / np.sqrt(h)), "b3": jnp.zeros((c,)),
+        }
+        return {"params": params, "opt": init_opt(params)}
+
+    def loss(self, params, batch):
+        h = jax.nn.relu(batch["x"] @ params["w1"] + params["b1"])
+        h = jax.nn.relu(h @ params["w2"] + params["b2"])
+        logits = h @ params["w3"] + params["b3"]
+        logp = jax.nn.log_softmax(logits)
+        nll = -jnp.take_along_axis(logp, batch["label"][:, None], axis=1)[:, 0]
+        accuracy = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+        return jnp.mean(nll), {"accuracy": accuracy}
+
+    def telemetry(self):
+        return [("loss", [], "mean"), ("grad_norm", [], "mean"), ("accuracy", [], "mean")]
+
+    def data(self, steps):
+        """Gaussian inputs labelled by a fixed random linear teacher."""
+        rng = np.random.RandomState(1234)
+        teacher = rng.randn(self.features, self.classes).astype(np.float32)
+        batches = []
+        for _ in range(steps):
+            x = rng.randn(self.batch, self.features).astype(np.float32)
+            label = np.argmax(x @ teacher, axis=1).astype(np.int32)
+            batches.append({"x": x, "label": label})
+        return batches
+
+
+# ---------------------------------------------------------------- (b) transformer LM
+
+class TransformerLm:
+    name = "transformer_lm"
+    family = "dense"
+    vocab, d, heads, layers, ff, seq, batch = 256, 128, 4, 6, 512, 64, 8
+    sink_keys = 4
+    lr = 1e-3
+
+    def param_specs(self, mesh):
+        return {
+            "embed": P(), "pos": P(), "ln_f": P(), "unembed": P(),
+            "layers": {
+                "ln1": P(), "ln2": P(),
+                # Megatron split: q/k/v and w1 by output features (whole heads per device),
+                # wo and w2 by input features; one all-reduce per block half.
+                "wq": spec(mesh, None, None, "model"), "wk": spec(mesh, None, None, "model"),
+                "wv": spec(mesh, None, None, "model"), "wo": spec(mesh, None, "model", None),
+                "w1": spec(mesh, None, None, "model"), "w2": spec(mesh, None, "model", None),
+            },
+        }
+
+    def batch_specs(self, mesh):
+        return {"tokens": spec(mesh, "data", None)}
+
+    def init(self, seed):
+        keys = jax.random.split(jax.random.key(seed), 8)
+        L, d, f, V, T = self.layers, self.d, self.ff, self.vocab, self.seq
+        normal = lambda k, shape, scale: jax.random.normal(k, shape) * scale
+        params = {
+            "embed": normal(keys[0], (V, d), 0.02),
+            "pos": normal(keys[1], (T, d), 0.02),
+            "ln_f": jnp.ones((d,)),
+            "unembed": normal(keys[2], (d, V), 1 / np.sqrt(d)),
+            "layers": {
+                "ln1": jnp.ones((L, d)), "ln2": jnp.ones((L, d)),
+                "wq": normal(keys[3], (L, d, d), 1 / np.sqrt(d)),
+                "wk": normal(keys[4], (L, d, d), 1 / np.sqrt(d)),
+                "wv": normal(keys[5], (L, d, d), 1 / np.sqrt(d)),
+                "wo": normal(keys[6], (L, d, d), 1 / np.sqrt(d * 2 * L)),
+                "w1": normal(keys[7], (L, d, f), 1 / np.sqrt(d)),
+                "w2": normal(jax.random.fold_in(keys[7], 1), (L, f, d), 1 / np.sqrt(f * 2 * L)),
+            },
+        }
+        return {"params": params, "opt": init_opt(params)}
+
+    @staticmethod
+    def rmsnorm(x, scale):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+    def loss(self, params, batch):
+        tokens = batch["tokens"]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        B, T = inputs.shape
+        H, hd = self.heads, self.d // self.heads
+        x = params["embed"][inputs] + params["pos"][None, :T]
+        causal = jnp.tril(jnp.ones((T, T), bool))
+
+        def block(x, lp):
+            h = self.rmsnorm(x, lp["ln1"])
+            q = (h @ lp["wq"]).reshape(B, T, H, hd)
+            k = (h @ lp["wk"]).reshape(B, T, H, hd)
+            v = (h @ lp["wv"]).reshape(B, T, H, hd)
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+            probs = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+            # Attention-sink mass: probability on the first keys, mean over batch and queries.
+            sink = jnp.mean(jnp.sum(probs[..., : self.sink_keys], axis=-1), axis=(0, 2))
+            o = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, T, self.d)
+            x = x + o @ lp["wo"]
+            h = self.rmsnorm(x, lp["ln2"])
+            x = x + jax.nn.gelu(h @ lp["w1"]) @ lp["w2"]
+            return x, jax.lax.stop_gradient(sink)
+
+        x, sink = jax.lax.scan(block, x, params["layers"])
+        logits = self.rmsnorm(x, params["ln_f"]) @ params["unembed"]
+        logp = jax.nn.log_softmax(logits)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return jnp.mean(nll), {"sink_mass": sink}
+
+    def telemetry(self):
+        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
+                ("sink_mass", [self.layers, self.heads], "mean")]
+
+    def data(self, steps):
+        """Windows of a text made from a small grammar, as bytes (a byte-level LM)."""
+        rng = np.random.RandomState(99)
+        subjects = ["the worker", "a coordinator", "the mesh", "every host", "one device"]
+        verbs = ["compiles", "streams", "loads", "runs", "reduces", "reports"]
+        objects = ["the step", "a program", "its summary", "the executable", "all shards"]
+        words = []
+        while sum(len(w) for w in words) < 64 * 1024:
+            words.append(f"{subjects[rng.randint(5)]} {verbs[rng.randint(6)]} "
+                         f"{objects[rng.randint(5)]} in {rng.randint(100)} ms. ")
+        text = np.frombuffer("".join(words).encode(), np.uint8)
+        batches = []
+        for _ in range(steps):
+            starts = rng.randint(0, len(text) - self.seq - 1, size=self.batch)
+            tokens = np.stack([text[s : s + self.seq + 1] for s in starts]).astype(np.int32)
+            batches.append({"tokens": tokens})
+        return batches
+
+
+# ---------------------------------------------------------------- programs
+
+def make_step(model):
+    def step(state, batch):
+        (loss, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], batch)
+        params, opt = adam(state["params"], grads, state["opt"], model.lr)
+        metrics = {"loss": loss, "grad_norm": global_norm(grads), **aux}
+        return {"params": params, "opt": opt}, metrics
+    return step
+
+
+def portable_artifact(lowered):
+    """The lowered module without source locations, as a versioned StableHLO artifact."""
+    text = lowered.as_text(debug_info=False)
+    target = hlo.get_version_from_compatibility_requirement(
+        hlo.StablehloCompatibilityRequirement.WEEK_12)
+    # As jax.export serializes (with Shardy shardings kept), minus the locations.
+    artifact = xla_client._xla.mlir.serialize_portable_artifact(text, target, True)
+    return artifact, text
+
+
+def array_entries(tree, specs, mesh, prefix):
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    assert len(flat) == len(flat_specs)
+    out = []
+    for (path, leaf), pspec in zip(flat, flat_specs):
+        name = prefix + "".join(
+            f".{k.key}" if hasattr(k, "key") else f".{k.idx}" for k in path)
+        shape = list(leaf.shape)
+        out.append({
+            "name": name,
+            "dtype": DTYPE_NAMES[jnp.dtype(leaf.dtype).name],
+            "shape": shape,
+            "sharding": [a for a in tuple(pspec)] + [None] * (len(shape) - len(pspec)),
+            "shard_shape": shard_shape(shape, pspec, mesh),
+        })
+    return out
+
+
+def export_variant(model, mesh_name, out_dir, batches, data_file):
+    dp, tp = MESHES[mesh_name]
+    mesh = make_mesh(dp, tp)
+    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                                       is_leaf=lambda x: isinstance(x, P))
+    state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
+    state_shardings = named(state_specs)
+    batch_shardings = named(model.batch_specs(mesh))
+    replicated = NamedSharding(mesh, P())
+
+    init = jax.jit(model.init, in_shardings=replicated, out_shardings=state_shardings)
+    seed = jnp.asarray(SEED, jnp.uint32)
+    state_shapes = jax.eval_shape(model.init, seed)
+    step_fn = make_step(model)
+    batch0 = jax.tree.map(jnp.asarray, batches[0])
+    _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0)
+    metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
+    step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
+                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
+
+    os.makedirs(out_dir, exist_ok=True)
+    init_bc, _ = portable_artifact(init.lower(seed))
+    step_bc, step_text = portable_artifact(step.lower(state_shapes, batch0))
+    assert "tf.aliasing_output" in step_text, "state donation did not reach the program"
+    with open(os.path.join(out_dir, "init.mlirbc"), "wb") as f:
+        f.write(init_bc)
+    with open(os.path.join(out_dir, "step.mlirbc"), "wb") as f:
+        f.write(step_bc)
+
+    state_entries = array_entries(state_shapes, state_specs, mesh, "state")
+    batch_entries = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
+    metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
+    metric_entries = array_entries(metric_shapes, metric_specs, mesh, "metrics")
+    seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
+                  "shard_shape": []}
+    n_state = len(state_entries)
+    job = {
+        "name": f"{model.name}/{mesh_name}",
+        "model_family": model.family,
+        "mesh": {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
+                 "device_ids": list(range(dp * tp))},
+        "programs": {
+            "init": {"file": "init.mlirbc", "format": "mlir",
+                     "inputs": [seed_entry], "outputs": state_entries},
+            "step": {"file": "step.mlirbc", "format": "mlir",
+                     "inputs": state_entries + batch_entries,
+                     "outputs": state_entries + metric_entries,
+                     # state in, state out: inputs [0, n) alias outputs [0, n)
+                     "donated_inputs": list(range(n_state))},
+        },
+        "seed": SEED,
+        "data": {"file": data_file, "steps": len(batches), "arrays": batch_entries},
+        "telemetry": [{"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
+                      for n, s, c in model.telemetry()],
+        "reference": "reference.json",
+        "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
+    }
+    with open(os.path.join(out_dir, "job.json"), "w") as f:
+        json.dump(job, f, indent=1)
+        f.write("\n")
+
+    # The reference: JAX runs the same jitted functions on its own CPU backend.
+    state = init(seed)
+    losses, norms = [], []
+    for batch in batches:
+        batch = jax.device_put(batch, batch_shardings)
+        state, metrics = step(state, batch)
+        losses.append(float(np.float32(metrics["loss"])))
+        norms.append(float(np.float32(metrics["grad_norm"])))
+    reference = {"backend": f"jax {jax.__version__} cpu", "seed": SEED, "steps": len(batches),
+                 "loss": losses, "grad_norm": norms}
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+    return losses
+
+
+def write_data(batches, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        for batch in batches:
+            for leaf in jax.tree.leaves(batch):  # same order as the job's data arrays
+                f.write(np.ascontiguousarray(leaf).astype(leaf.dtype.newbyteorder("<")).tobytes())
+
+
+def write_compile_options(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    for n in (1, 8):
+        options = compiler.get_compile_options(
+            num_replicas=1, num_partitions=n, device_assignment=np.arange(n).reshape(1, n))
+        with open(os.path.join(out_dir, f"partitions_{n}.pb"), "wb") as f:
+            f.write(options.SerializeAsString())
+
+
+def export_all(out_root, quiet=False):
+    jax.config.update("jax_enable_x64", False)
+    write_compile_options(os.path.join(out_root, "jax_compile_options"))
+    for model in (Mlp(), TransformerLm()):
+        batches = model.data(STEPS)
+        write_data(batches, os.path.join(out_root, model.name, "data.bin"))
+        for mesh_name in MESHES:
+            losses = export_variant(model, mesh_name, os.path.join(out_root, model.name, mesh_name),
+                                    batches, "../data.bin")
+            if not quiet:
+                print(f"{model.name}/{mesh_name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def outputs_of(root):
+    found = set()
+    for sub in ("jax_compile_options", Mlp.name, TransformerLm.name):
+        for dirpath, _, files in os.walk(os.path.join(root, sub)):
+            found.update(os.path.relpath(os.path.join(dirpath, f), root) for f in files)
+    return found
+
+
+def check():
+    with tempfile.TemporaryDirectory() as tmp:
+        export_all(tmp, quiet=True)
+        fresh, committed = outputs_of(tmp), outputs_of(ROOT)
+        problems = [f"missing in examples/: {p}" for p in sorted(fresh - committed)]
+        problems += [f"not produced by the script: {p}" for p in sorted(committed - fresh)]
+        problems += [f"differs: {p}" for p in sorted(fresh & committed)
+                     if not filecmp.cmp(os.path.join(tmp, p), os.path.join(ROOT, p), shallow=False)]
+    for p in problems:
+        print(p)
+    print(f"{len(fresh)} files regenerated, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="regenerate into a temporary directory and compare with examples/")
+    parser.add_argument("--out", default=ROOT, help="output root (default: examples/)")
+    args = parser.parse_args()
+    if args.check:
+        return check()
+    export_all(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

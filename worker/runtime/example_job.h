@@ -1,0 +1,99 @@
+// The example jobs of examples/ (written by examples/export_examples.py) as C++ values, and a
+// small driver that runs one through a Runtime the way the worker will: compile (or load) once,
+// init on device, then steps with the state donated and kept on device.
+// Used by the oracle test and the runtime benchmark; not part of the worker.
+//
+// Thread-safety: ExampleRunner is not thread-safe. Lifetime: a runner borrows its Runtime,
+// which must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/runtime/runtime.h"
+
+namespace meshrun::runtime {
+
+struct ExampleArray {
+  ArraySpec global;                   // name, dtype, global shape
+  std::vector<std::string> sharding;  // mesh axis per dimension, "" = not split
+  ArrayShape shard;                   // what one device holds
+};
+
+struct ExampleProgram {
+  std::string code;  // StableHLO portable artifact, format "mlir"
+  std::vector<ExampleArray> inputs;
+  std::vector<ExampleArray> outputs;
+  std::vector<int> donated_inputs;
+  ProgramSignature Signature() const;  // per-device shapes
+};
+
+struct ExampleJob {
+  std::string name;  // "transformer_lm/dp8"
+  std::vector<std::string> mesh_axes;
+  std::vector<int64_t> mesh_shape;
+  std::vector<int64_t> device_ids;  // global ids in mesh (= partition) order
+  ExampleProgram init;
+  ExampleProgram step;
+  uint32_t seed = 0;
+  std::vector<ExampleArray> data_arrays;         // the step's batch inputs, in order
+  std::vector<std::vector<HostArray>> batches;   // [step][array], global arrays
+  std::vector<float> reference_loss;             // JAX's loss for each step
+  std::vector<float> reference_grad_norm;
+  std::string jax_compile_options;               // JAX's serialized options, same partitions
+  int num_state = 0;                             // step inputs/outputs [0, num_state) are state
+  int loss_output = -1;                          // index of metrics.loss among step outputs
+
+  int OutputIndex(const std::string& name) const;  // -1 when absent
+};
+
+// Reads <dir>/job.json with its programs, data and reference.
+// Errors: NOT_FOUND (a file missing, named), INVALID_ARGUMENT (malformed job, the field named).
+absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path);
+
+// The block of `global` that mesh partition `partition` holds under `sharding`.
+// Errors: INVALID_ARGUMENT (unknown axis, dimension not divisible).
+absl::StatusOr<HostArray> ShardOf(const HostArray& global, const std::vector<std::string>& sharding,
+                                  const std::vector<std::string>& mesh_axes,
+                                  const std::vector<int64_t>& mesh_shape, int partition);
+
+class ExampleRunner {
+ public:
+  // Compiles init and step with meshrun's own compile options for the job's device assignment;
+  // with `load_step_serialized` the step is compiled, serialized and run from
+  // DeserializeAndLoad instead (as a worker receives it).
+  // Errors: the runtime's (compile, load); INTERNAL when a partition lands off its device.
+  static absl::StatusOr<std::unique_ptr<ExampleRunner>> Create(Runtime* runtime, ExampleJob job,
+                                                               bool load_step_serialized = false);
+
+  // Runs init (state on device) and uploads every batch shard. Call before Step.
+  // Errors: the runtime's (transfers, execution).
+  absl::Status Initialize();
+  // One training step on batch `index % batches`. With `read` the named outputs (replicated
+  // telemetry) are copied to the host from the first device; otherwise nothing is.
+  // Errors: FAILED_PRECONDITION before Initialize; the runtime's.
+  absl::StatusOr<std::vector<HostArray>> Step(int index, const std::vector<int>& read = {});
+
+  const ExampleJob& job() const { return job_; }
+  const Executable& step_executable() const { return *step_; }
+  absl::Duration step_compile_time() const { return step_compile_time_; }
+
+ private:
+  ExampleRunner(Runtime* runtime, ExampleJob job) : runtime_(runtime), job_(std::move(job)) {}
+
+  Runtime* runtime_;
+  ExampleJob job_;
+  std::unique_ptr<Executable> init_;
+  std::unique_ptr<Executable> step_;
+  absl::Duration step_compile_time_;
+  // [device][input]: state buffers, replaced by each step's outputs.
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> state_;
+  // [batch][device][array]
+  std::vector<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> batches_;
+};
+
+}  // namespace meshrun::runtime

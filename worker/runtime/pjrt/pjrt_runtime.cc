@@ -1,0 +1,859 @@
+#include "worker/runtime/pjrt/pjrt_runtime.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "xla/pjrt/c/pjrt_c_api.h"
+
+namespace meshrun::runtime {
+namespace {
+
+// True when the plugin's function table is long enough to hold `fn` and fills it. A plugin
+// built against an older header has a shorter table.
+#define PJRT_HAS(api, fn) \
+  (offsetof(PJRT_Api, fn) + sizeof(void*) <= (api)->struct_size && (api)->fn != nullptr)
+
+// Zeroed C API arguments whose struct_size is this header's size, so the plugin knows which
+// fields we know about.
+#define PJRT_ARGS(type, name) \
+  type name;                  \
+  std::memset(&name, 0, sizeof(name)); \
+  name.struct_size = type##_STRUCT_SIZE
+
+absl::Status ErrorToStatus(const PJRT_Api* api, PJRT_Error* error, absl::string_view call) {
+  if (error == nullptr) return absl::OkStatus();
+  PJRT_ARGS(PJRT_Error_Message_Args, message);
+  message.error = error;
+  api->PJRT_Error_Message(&message);
+  PJRT_ARGS(PJRT_Error_GetCode_Args, code);
+  code.error = error;
+  PJRT_Error* code_error = api->PJRT_Error_GetCode(&code);
+  // PJRT_Error_Code uses absl's numbering.
+  const auto status_code = code_error == nullptr ? static_cast<absl::StatusCode>(code.code)
+                                                 : absl::StatusCode::kUnknown;
+  absl::Status status(status_code, absl::StrCat(call, ": ",
+                                                absl::string_view(message.message,
+                                                                  message.message_size)));
+  PJRT_ARGS(PJRT_Error_Destroy_Args, destroy);
+  destroy.error = error;
+  api->PJRT_Error_Destroy(&destroy);
+  if (code_error != nullptr) {
+    destroy.error = code_error;
+    api->PJRT_Error_Destroy(&destroy);
+  }
+  return status;
+}
+
+#define PJRT_CALL(api, fn, args) ErrorToStatus((api), (api)->fn(&(args)), #fn)
+
+absl::Status AwaitEvent(const PJRT_Api* api, PJRT_Event* event, absl::string_view what) {
+  if (event == nullptr) return absl::OkStatus();
+  PJRT_ARGS(PJRT_Event_Await_Args, await);
+  await.event = event;
+  absl::Status status = ErrorToStatus(api, api->PJRT_Event_Await(&await), what);
+  PJRT_ARGS(PJRT_Event_Destroy_Args, destroy);
+  destroy.event = event;
+  api->PJRT_Event_Destroy(&destroy);
+  return status;
+}
+
+struct DTypeMapping {
+  DType dtype;
+  PJRT_Buffer_Type pjrt;
+};
+constexpr DTypeMapping kDTypeMappings[] = {
+    {DType::kPred, PJRT_Buffer_Type_PRED}, {DType::kS8, PJRT_Buffer_Type_S8},
+    {DType::kS16, PJRT_Buffer_Type_S16},   {DType::kS32, PJRT_Buffer_Type_S32},
+    {DType::kS64, PJRT_Buffer_Type_S64},   {DType::kU8, PJRT_Buffer_Type_U8},
+    {DType::kU16, PJRT_Buffer_Type_U16},   {DType::kU32, PJRT_Buffer_Type_U32},
+    {DType::kU64, PJRT_Buffer_Type_U64},   {DType::kF16, PJRT_Buffer_Type_F16},
+    {DType::kBF16, PJRT_Buffer_Type_BF16}, {DType::kF32, PJRT_Buffer_Type_F32},
+    {DType::kF64, PJRT_Buffer_Type_F64},
+};
+
+PJRT_Buffer_Type ToPjrt(DType dtype) {
+  for (const DTypeMapping& m : kDTypeMappings) {
+    if (m.dtype == dtype) return m.pjrt;
+  }
+  return PJRT_Buffer_Type_INVALID;
+}
+
+DType FromPjrt(PJRT_Buffer_Type type) {
+  for (const DTypeMapping& m : kDTypeMappings) {
+    if (m.pjrt == type) return m.dtype;
+  }
+  return DType::kInvalid;
+}
+
+std::string NamedValueToString(const PJRT_NamedValue& value) {
+  switch (value.type) {
+    case PJRT_NamedValue_kString:
+      return std::string(value.string_value, value.value_size);
+    case PJRT_NamedValue_kInt64:
+      return absl::StrCat(value.int64_value);
+    case PJRT_NamedValue_kInt64List:
+      return absl::StrCat(
+          "[",
+          absl::StrJoin(absl::MakeConstSpan(value.int64_array_value, value.value_size), ","),
+          "]");
+    case PJRT_NamedValue_kFloat:
+      return absl::StrCat(value.float_value);
+    case PJRT_NamedValue_kBool:
+      return value.bool_value ? "true" : "false";
+  }
+  return "?";
+}
+
+std::map<std::string, std::string> NamedValues(const PJRT_NamedValue* values, size_t n) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    out[std::string(values[i].name, values[i].name_size)] = NamedValueToString(values[i]);
+  }
+  return out;
+}
+
+// ---- plugins: loaded once per process and path, never unloaded ----
+
+struct Plugin {
+  std::string path;
+  const PJRT_Api* api = nullptr;
+  std::string sha256;
+  std::map<std::string, std::string> attributes;
+};
+
+// Functions meshrun cannot work without; everything else is checked with PJRT_HAS at use.
+#define PJRT_REQUIRED(fn) {offsetof(PJRT_Api, fn), #fn}
+constexpr std::pair<size_t, const char*> kRequired[] = {
+    PJRT_REQUIRED(PJRT_Error_Destroy),
+    PJRT_REQUIRED(PJRT_Error_Message),
+    PJRT_REQUIRED(PJRT_Error_GetCode),
+    PJRT_REQUIRED(PJRT_Event_Destroy),
+    PJRT_REQUIRED(PJRT_Event_Await),
+    PJRT_REQUIRED(PJRT_Client_Create),
+    PJRT_REQUIRED(PJRT_Client_Destroy),
+    PJRT_REQUIRED(PJRT_Client_PlatformName),
+    PJRT_REQUIRED(PJRT_Client_PlatformVersion),
+    PJRT_REQUIRED(PJRT_Client_Devices),
+    PJRT_REQUIRED(PJRT_Client_AddressableDevices),
+    PJRT_REQUIRED(PJRT_Client_Compile),
+    PJRT_REQUIRED(PJRT_Client_BufferFromHostBuffer),
+    PJRT_REQUIRED(PJRT_DeviceDescription_Id),
+    PJRT_REQUIRED(PJRT_DeviceDescription_ProcessIndex),
+    PJRT_REQUIRED(PJRT_DeviceDescription_Kind),
+    PJRT_REQUIRED(PJRT_DeviceDescription_Attributes),
+    PJRT_REQUIRED(PJRT_Device_GetDescription),
+    PJRT_REQUIRED(PJRT_Device_IsAddressable),
+    PJRT_REQUIRED(PJRT_Executable_Destroy),
+    PJRT_REQUIRED(PJRT_Executable_NumOutputs),
+    PJRT_REQUIRED(PJRT_LoadedExecutable_Destroy),
+    PJRT_REQUIRED(PJRT_LoadedExecutable_GetExecutable),
+    PJRT_REQUIRED(PJRT_LoadedExecutable_AddressableDevices),
+    PJRT_REQUIRED(PJRT_LoadedExecutable_Execute),
+    PJRT_REQUIRED(PJRT_Buffer_Destroy),
+    PJRT_REQUIRED(PJRT_Buffer_ElementType),
+    PJRT_REQUIRED(PJRT_Buffer_Dimensions),
+    PJRT_REQUIRED(PJRT_Buffer_IsDeleted),
+    PJRT_REQUIRED(PJRT_Buffer_ToHostBuffer),
+    PJRT_REQUIRED(PJRT_Buffer_ReadyEvent),
+};
+
+absl::StatusOr<std::unique_ptr<Plugin>> OpenPlugin(const std::string& path) {
+  auto plugin = std::make_unique<Plugin>();
+  plugin->path = path;
+  // RTLD_LOCAL: two plugins (or a plugin and JAX's own XLA) must not resolve each other's symbols.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load PJRT plugin ", path, ": ", dlerror()));
+  }
+  using GetPjrtApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetPjrtApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a PJRT plugin: it exports no GetPjrtApi"));
+  }
+  const PJRT_Api* api = get_api();
+  if (api == nullptr) return absl::InternalError(absl::StrCat(path, ": GetPjrtApi returned null"));
+  const int major = api->pjrt_api_version.major_version;
+  const int minor = api->pjrt_api_version.minor_version;
+  if (major != PJRT_API_MAJOR) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PJRT plugin ", path, " implements C API ", major, ".", minor, ", meshrun was built with ",
+        PJRT_API_MAJOR, ".", PJRT_API_MINOR, ": the major versions must match"));
+  }
+  std::vector<std::string> missing;
+  for (const auto& [offset, name] : kRequired) {
+    const bool present = offset + sizeof(void*) <= api->struct_size &&
+                         *reinterpret_cast<void* const*>(
+                             reinterpret_cast<const char*>(api) + offset) != nullptr;
+    if (!present) missing.push_back(name);
+  }
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("PJRT plugin ", path, " (C API ", major, ".",
+                                                      minor, ") lacks ",
+                                                      absl::StrJoin(missing, ", ")));
+  }
+  plugin->api = api;
+  if (PJRT_HAS(api, PJRT_Plugin_Attributes)) {
+    PJRT_ARGS(PJRT_Plugin_Attributes_Args, attributes);
+    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Plugin_Attributes, attributes));
+    plugin->attributes = NamedValues(attributes.attributes, attributes.num_attributes);
+  }
+  if (PJRT_HAS(api, PJRT_Plugin_Initialize)) {
+    PJRT_ARGS(PJRT_Plugin_Initialize_Args, init);
+    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Plugin_Initialize, init));
+  }
+  ASSIGN_OR_RETURN(plugin->sha256, Sha256File(path));
+  return plugin;
+}
+
+absl::StatusOr<const Plugin*> LoadPlugin(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("no PJRT plugin path given");
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(
+        "PJRT plugin not found: ", path,
+        " (scripts/setup.sh fetches the CPU plugin; on TPU hosts give libtpu.so's path)"));
+  }
+  char resolved[PATH_MAX];
+  const std::string key = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* plugins = new std::map<std::string, std::unique_ptr<Plugin>>();
+  absl::MutexLock lock(&mu);
+  auto it = plugins->find(key);
+  if (it == plugins->end()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Plugin> plugin, OpenPlugin(path));
+    it = plugins->emplace(key, std::move(plugin)).first;
+  }
+  return it->second.get();
+}
+
+// ---- kv callbacks: the plugin's view of a KeyValueClient ----
+
+PJRT_Error* CallbackError(PJRT_CallbackError* make_error, const absl::Status& status) {
+  const std::string message(status.message());
+  return (*make_error)(static_cast<PJRT_Error_Code>(status.code()), message.data(),
+                       message.size());
+}
+
+void DeleteValue(char* value) { delete[] value; }
+
+char* CopyValue(const std::string& value) {
+  char* out = new char[value.size()];
+  std::memcpy(out, value.data(), value.size());
+  return out;
+}
+
+PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args) {
+  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
+  absl::StatusOr<std::string> value = kv->Get(absl::string_view(args->key, args->key_size),
+                                              absl::Milliseconds(args->timeout_in_ms));
+  if (!value.ok()) return CallbackError(args->callback_error, value.status());
+  args->value = CopyValue(*value);
+  args->value_size = value->size();
+  args->value_deleter_callback = DeleteValue;
+  return nullptr;
+}
+
+PJRT_Error* KvTryGet(PJRT_KeyValueTryGetCallback_Args* args) {
+  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
+  absl::StatusOr<std::string> value = kv->TryGet(absl::string_view(args->key, args->key_size));
+  if (!value.ok()) return CallbackError(args->callback_error, value.status());
+  args->value = CopyValue(*value);
+  args->value_size = value->size();
+  args->value_deleter_callback = DeleteValue;
+  return nullptr;
+}
+
+PJRT_Error* KvPut(PJRT_KeyValuePutCallback_Args* args) {
+  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
+  absl::Status status = kv->Set(absl::string_view(args->key, args->key_size),
+                                absl::string_view(args->value, args->value_size));
+  return status.ok() ? nullptr : CallbackError(args->callback_error, status);
+}
+
+}  // namespace
+
+// ---- client state shared by the runtime, its executables and buffers ----
+
+struct PjrtRuntime::State {
+  const Plugin* plugin = nullptr;
+  const PJRT_Api* api = nullptr;
+  PJRT_Client* client = nullptr;
+  std::shared_ptr<KeyValueClient> kv;  // the plugin may call it for the client's lifetime
+  Clock* clock = nullptr;
+  RuntimeIdentity identity;
+  std::vector<DeviceDescription> devices;
+  std::vector<DeviceDescription> addressable;
+  std::vector<PJRT_Device*> addressable_handles;
+  std::unordered_map<const PJRT_Device*, int> device_index;
+
+  absl::Mutex mu;
+  RuntimeCounters counters ABSL_GUARDED_BY(mu);
+
+  ~State() {
+    if (client == nullptr) return;
+    PJRT_ARGS(PJRT_Client_Destroy_Args, destroy);
+    destroy.client = client;
+    ErrorToStatus(api, api->PJRT_Client_Destroy(&destroy), "PJRT_Client_Destroy").IgnoreError();
+  }
+};
+
+namespace {
+
+using State = PjrtRuntime::State;
+
+class PjrtBuffer final : public DeviceBuffer {
+ public:
+  PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
+      : state_(std::move(state)), buffer_(buffer), shape_(std::move(shape)),
+        device_index_(device_index) {}
+  ~PjrtBuffer() override {
+    PJRT_ARGS(PJRT_Buffer_Destroy_Args, destroy);
+    destroy.buffer = buffer_;
+    ErrorToStatus(state_->api, state_->api->PJRT_Buffer_Destroy(&destroy), "PJRT_Buffer_Destroy")
+        .IgnoreError();
+  }
+  const ArrayShape& shape() const override { return shape_; }
+  int device_index() const override { return device_index_; }
+  bool IsDeleted() const override {
+    PJRT_ARGS(PJRT_Buffer_IsDeleted_Args, args);
+    args.buffer = buffer_;
+    if (!PJRT_CALL(state_->api, PJRT_Buffer_IsDeleted, args).ok()) return true;
+    return args.is_deleted;
+  }
+  const State* state() const { return state_.get(); }
+  PJRT_Buffer* handle() const { return buffer_; }
+
+ private:
+  std::shared_ptr<State> state_;
+  PJRT_Buffer* buffer_;
+  ArrayShape shape_;
+  int device_index_;
+};
+
+class PjrtExecutable final : public Executable {
+ public:
+  PjrtExecutable(std::shared_ptr<State> state, PJRT_LoadedExecutable* loaded)
+      : state_(std::move(state)), loaded_(loaded) {}
+  ~PjrtExecutable() override {
+    PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args, destroy);
+    destroy.executable = loaded_;
+    ErrorToStatus(state_->api, state_->api->PJRT_LoadedExecutable_Destroy(&destroy),
+                  "PJRT_LoadedExecutable_Destroy")
+        .IgnoreError();
+  }
+  const std::vector<int>& device_indices() const override { return device_indices_; }
+  const std::vector<ArrayShape>& output_shapes() const override { return output_shapes_; }
+  const std::optional<ProgramSignature>& signature() const override { return signature_; }
+  const std::string& fingerprint() const override { return fingerprint_; }
+
+  // Reads devices, outputs and fingerprint from the plugin and checks them against `signature`.
+  absl::Status Describe(std::optional<ProgramSignature> signature);
+
+  const State* state() const { return state_.get(); }
+  PJRT_LoadedExecutable* handle() const { return loaded_; }
+  size_t num_outputs() const { return num_outputs_; }
+
+ private:
+  std::shared_ptr<State> state_;
+  PJRT_LoadedExecutable* loaded_;
+  std::vector<int> device_indices_;
+  std::vector<ArrayShape> output_shapes_;
+  std::optional<ProgramSignature> signature_;
+  std::string fingerprint_;
+  size_t num_outputs_ = 0;
+};
+
+// Runs `fn` with the PJRT_Executable behind `loaded`, then releases it.
+template <typename Fn>
+absl::Status WithExecutable(const PJRT_Api* api, PJRT_LoadedExecutable* loaded, Fn fn) {
+  PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args, get);
+  get.loaded_executable = loaded;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_GetExecutable, get));
+  absl::Status status = fn(get.executable);
+  PJRT_ARGS(PJRT_Executable_Destroy_Args, destroy);
+  destroy.executable = get.executable;
+  api->PJRT_Executable_Destroy(&destroy);
+  return status;
+}
+
+absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature) {
+  const PJRT_Api* api = state_->api;
+  PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args, devices);
+  devices.executable = loaded_;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_AddressableDevices, devices));
+  for (size_t i = 0; i < devices.num_addressable_devices; ++i) {
+    auto it = state_->device_index.find(devices.addressable_devices[i]);
+    if (it == state_->device_index.end()) {
+      return absl::InternalError("executable runs on a device the client does not list");
+    }
+    device_indices_.push_back(it->second);
+  }
+  RETURN_IF_ERROR(WithExecutable(api, loaded_, [&](PJRT_Executable* exe) -> absl::Status {
+    PJRT_ARGS(PJRT_Executable_NumOutputs_Args, outputs);
+    outputs.executable = exe;
+    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_NumOutputs, outputs));
+    num_outputs_ = outputs.num_outputs;
+    if (PJRT_HAS(api, PJRT_Executable_OutputElementTypes) &&
+        PJRT_HAS(api, PJRT_Executable_OutputDimensions)) {
+      PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args, types);
+      types.executable = exe;
+      RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_OutputElementTypes, types));
+      PJRT_ARGS(PJRT_Executable_OutputDimensions_Args, dims);
+      dims.executable = exe;
+      RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_OutputDimensions, dims));
+      const int64_t* next = dims.dims;
+      for (size_t i = 0; i < dims.num_outputs && i < types.num_output_types; ++i) {
+        ArrayShape shape{FromPjrt(types.output_types[i]), {}};
+        shape.dims.assign(next, next + dims.dim_sizes[i]);
+        next += dims.dim_sizes[i];
+        output_shapes_.push_back(std::move(shape));
+      }
+    }
+    if (PJRT_HAS(api, PJRT_Executable_Fingerprint)) {
+      PJRT_ARGS(PJRT_Executable_Fingerprint_Args, fp);
+      fp.executable = exe;
+      // Plugins without fingerprints answer UNIMPLEMENTED; the fingerprint is then empty.
+      if (PJRT_CALL(api, PJRT_Executable_Fingerprint, fp).ok()) {
+        fingerprint_.assign(fp.executable_fingerprint, fp.executable_fingerprint_size);
+      }
+    }
+    return absl::OkStatus();
+  }));
+  if (signature) {
+    if (signature->outputs.size() != num_outputs_) {
+      return absl::InvalidArgumentError(absl::StrCat("signature declares ",
+                                                     signature->outputs.size(),
+                                                     " outputs, the program returns ",
+                                                     num_outputs_));
+    }
+    for (size_t i = 0; i < output_shapes_.size(); ++i) {
+      if (output_shapes_[i] != signature->outputs[i].shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "output ", i, " '", signature->outputs[i].name, "': signature declares ",
+            ToString(signature->outputs[i].shape), ", the program returns ",
+            ToString(output_shapes_[i])));
+      }
+    }
+  }
+  signature_ = std::move(signature);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceDescription> Describe(const PJRT_Api* api, PJRT_Device* device,
+                                           const std::string& platform) {
+  PJRT_ARGS(PJRT_Device_GetDescription_Args, get);
+  get.device = device;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Device_GetDescription, get));
+  PJRT_DeviceDescription* description = get.device_description;
+  DeviceDescription out;
+  PJRT_ARGS(PJRT_DeviceDescription_Id_Args, id);
+  id.device_description = description;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Id, id));
+  out.global_id = id.id;
+  out.local_id = -1;
+  PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args, process);
+  process.device_description = description;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_ProcessIndex, process));
+  out.process_index = process.process_index;
+  PJRT_ARGS(PJRT_DeviceDescription_Kind_Args, kind);
+  kind.device_description = description;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Kind, kind));
+  out.kind.assign(kind.device_kind, kind.device_kind_size);
+  PJRT_ARGS(PJRT_DeviceDescription_Attributes_Args, attributes);
+  attributes.device_description = description;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Attributes, attributes));
+  for (size_t i = 0; i < attributes.num_attributes; ++i) {
+    const PJRT_NamedValue& value = attributes.attributes[i];
+    const std::string name(value.name, value.name_size);
+    out.attributes[name] = NamedValueToString(value);
+    if (name == "coords" && value.type == PJRT_NamedValue_kInt64List) {
+      out.coords.assign(value.int64_array_value, value.int64_array_value + value.value_size);
+    }
+  }
+  // The names torch_xla and the seeds use: "TPU:3" on TPU, "<platform>:<id>" elsewhere.
+  out.runtime_name = absl::StrCat(platform == "tpu" ? "TPU" : platform, ":", out.global_id);
+  return out;
+}
+
+absl::StatusOr<ArrayShape> BufferShape(const PJRT_Api* api, PJRT_Buffer* buffer) {
+  PJRT_ARGS(PJRT_Buffer_ElementType_Args, type);
+  type.buffer = buffer;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_ElementType, type));
+  PJRT_ARGS(PJRT_Buffer_Dimensions_Args, dims);
+  dims.buffer = buffer;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_Dimensions, dims));
+  return ArrayShape{FromPjrt(type.type), std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims)};
+}
+
+void AddTransfer(TransferCounter& counter, int64_t bytes, absl::Duration time) {
+  ++counter.count;
+  counter.bytes += bytes;
+  counter.time += time;
+}
+
+}  // namespace
+
+// ---- PjrtRuntime ----
+
+PjrtRuntime::PjrtRuntime(std::shared_ptr<State> state) : state_(std::move(state)) {}
+PjrtRuntime::~PjrtRuntime() = default;
+
+absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Create(const RuntimeConfig& config) {
+  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin(config.plugin_path));
+  const PJRT_Api* api = plugin->api;
+  auto state = std::make_shared<State>();
+  state->plugin = plugin;
+  state->api = api;
+  state->kv = config.kv_client;
+  state->clock = config.clock != nullptr ? config.clock : &RealClock();
+
+  std::vector<std::string> names;  // PJRT_NamedValue points into these
+  std::vector<std::string> strings;
+  std::vector<PJRT_NamedValue> options;
+  std::map<std::string, CreateOptionValue> all = config.create_options;
+  if (config.cpu_device_count) all["cpu_device_count"] = *config.cpu_device_count;
+  names.reserve(all.size());
+  strings.reserve(all.size());
+  for (const auto& [name, value] : all) {
+    PJRT_ARGS(PJRT_NamedValue, option);
+    names.push_back(name);
+    option.name = names.back().c_str();
+    option.name_size = name.size();
+    option.value_size = 1;
+    if (const auto* i = std::get_if<int64_t>(&value)) {
+      option.type = PJRT_NamedValue_kInt64;
+      option.int64_value = *i;
+    } else if (const auto* b = std::get_if<bool>(&value)) {
+      option.type = PJRT_NamedValue_kBool;
+      option.bool_value = *b;
+    } else {
+      strings.push_back(std::get<std::string>(value));
+      option.type = PJRT_NamedValue_kString;
+      option.string_value = strings.back().c_str();
+      option.value_size = strings.back().size();
+    }
+    options.push_back(option);
+  }
+  PJRT_ARGS(PJRT_Client_Create_Args, create);
+  create.create_options = options.data();
+  create.num_options = options.size();
+  if (state->kv != nullptr) {
+    create.kv_get_callback = KvGet;
+    create.kv_get_user_arg = state->kv.get();
+    create.kv_put_callback = KvPut;
+    create.kv_put_user_arg = state->kv.get();
+    create.kv_try_get_callback = KvTryGet;
+    create.kv_try_get_user_arg = state->kv.get();
+  }
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_Create, create));
+  state->client = create.client;
+
+  PJRT_ARGS(PJRT_Client_PlatformName_Args, platform);
+  platform.client = state->client;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_PlatformName, platform));
+  PJRT_ARGS(PJRT_Client_PlatformVersion_Args, version);
+  version.client = state->client;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_PlatformVersion, version));
+  state->identity = RuntimeIdentity{
+      .platform_name = std::string(platform.platform_name, platform.platform_name_size),
+      .platform_version = std::string(version.platform_version, version.platform_version_size),
+      .pjrt_api_major = static_cast<uint32_t>(api->pjrt_api_version.major_version),
+      .pjrt_api_minor = static_cast<uint32_t>(api->pjrt_api_version.minor_version),
+      .plugin_sha256 = plugin->sha256};
+
+  PJRT_ARGS(PJRT_Client_Devices_Args, devices);
+  devices.client = state->client;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_Devices, devices));
+  for (size_t i = 0; i < devices.num_devices; ++i) {
+    ASSIGN_OR_RETURN(DeviceDescription d,
+                     Describe(api, devices.devices[i], state->identity.platform_name));
+    state->devices.push_back(std::move(d));
+  }
+  PJRT_ARGS(PJRT_Client_AddressableDevices_Args, addressable);
+  addressable.client = state->client;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_AddressableDevices, addressable));
+  for (size_t i = 0; i < addressable.num_addressable_devices; ++i) {
+    PJRT_Device* device = addressable.addressable_devices[i];
+    ASSIGN_OR_RETURN(DeviceDescription d, Describe(api, device, state->identity.platform_name));
+    d.local_id = static_cast<int32_t>(i);
+    if (PJRT_HAS(api, PJRT_Device_LocalHardwareId)) {
+      PJRT_ARGS(PJRT_Device_LocalHardwareId_Args, hw);
+      hw.device = device;
+      if (PJRT_CALL(api, PJRT_Device_LocalHardwareId, hw).ok()) {
+        d.attributes["local_hardware_id"] = absl::StrCat(hw.local_hardware_id);
+      }
+    }
+    for (DeviceDescription& global : state->devices) {
+      if (global.global_id == d.global_id) global.local_id = d.local_id;
+    }
+    state->device_index[device] = static_cast<int>(i);
+    state->addressable_handles.push_back(device);
+    state->addressable.push_back(std::move(d));
+  }
+  return std::unique_ptr<PjrtRuntime>(new PjrtRuntime(std::move(state)));
+}
+
+const RuntimeIdentity& PjrtRuntime::identity() const { return state_->identity; }
+const std::vector<DeviceDescription>& PjrtRuntime::devices() const { return state_->devices; }
+const std::vector<DeviceDescription>& PjrtRuntime::addressable_devices() const {
+  return state_->addressable;
+}
+const std::map<std::string, std::string>& PjrtRuntime::plugin_attributes() const {
+  return state_->plugin->attributes;
+}
+
+absl::StatusOr<std::unique_ptr<Executable>> PjrtRuntime::Compile(const ProgramSource& program) {
+  const PJRT_Api* api = state_->api;
+  PJRT_ARGS(PJRT_Program, source);
+  source.code = const_cast<char*>(program.code.data());
+  source.code_size = program.code.size();
+  source.format = program.format.data();
+  source.format_size = program.format.size();
+  PJRT_ARGS(PJRT_Client_Compile_Args, compile);
+  compile.client = state_->client;
+  compile.program = &source;
+  compile.compile_options = program.compile_options.data();
+  compile.compile_options_size = program.compile_options.size();
+  absl::Status status = PJRT_CALL(api, PJRT_Client_Compile, compile);
+  if (status.code() == absl::StatusCode::kUnknown) {
+    // XLA reports programs its MLIR parser or verifier rejects as UNKNOWN; to callers that is a
+    // bad argument. The plugin's own code stays in the message.
+    return absl::InvalidArgumentError(
+        absl::StrCat("program rejected (plugin code UNKNOWN): ", status.message()));
+  }
+  RETURN_IF_ERROR(status);
+  auto executable = std::make_unique<PjrtExecutable>(state_, compile.executable);
+  RETURN_IF_ERROR(executable->Describe(program.signature));
+  return executable;
+}
+
+absl::StatusOr<std::string> PjrtRuntime::Serialize(const Executable& executable) {
+  const PJRT_Api* api = state_->api;
+  const auto* exe = dynamic_cast<const PjrtExecutable*>(&executable);
+  if (exe == nullptr || exe->state() != state_.get()) {
+    return absl::InvalidArgumentError("executable was not made by this runtime");
+  }
+  if (!PJRT_HAS(api, PJRT_Executable_Serialize)) {
+    return absl::UnimplementedError("PJRT plugin has no PJRT_Executable_Serialize");
+  }
+  std::string out;
+  RETURN_IF_ERROR(WithExecutable(api, exe->handle(), [&](PJRT_Executable* handle) {
+    PJRT_ARGS(PJRT_Executable_Serialize_Args, serialize);
+    serialize.executable = handle;
+    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_Serialize, serialize));
+    out.assign(serialize.serialized_bytes, serialize.serialized_bytes_size);
+    serialize.serialized_executable_deleter(serialize.serialized_executable);
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Executable>> PjrtRuntime::DeserializeAndLoad(
+    absl::string_view serialized, std::optional<ProgramSignature> signature) {
+  const PJRT_Api* api = state_->api;
+  if (!PJRT_HAS(api, PJRT_Executable_DeserializeAndLoad)) {
+    return absl::UnimplementedError("PJRT plugin has no PJRT_Executable_DeserializeAndLoad");
+  }
+  PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args, load);
+  load.client = state_->client;
+  load.serialized_executable = serialized.data();
+  load.serialized_executable_size = serialized.size();
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_DeserializeAndLoad, load));
+  auto executable = std::make_unique<PjrtExecutable>(state_, load.loaded_executable);
+  RETURN_IF_ERROR(executable->Describe(std::move(signature)));
+  return executable;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> PjrtRuntime::ToDevice(const HostArray& array,
+                                                                    int device_index) {
+  const PJRT_Api* api = state_->api;
+  if (device_index < 0 || static_cast<size_t>(device_index) >= state_->addressable.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("device index ", device_index, " is not in [0, ",
+                                                   state_->addressable.size(), ")"));
+  }
+  const PJRT_Buffer_Type type = ToPjrt(array.shape.dtype);
+  if (type == PJRT_Buffer_Type_INVALID) return absl::InvalidArgumentError("invalid dtype");
+  if (static_cast<int64_t>(array.bytes.size()) != array.shape.ByteSize()) {
+    return absl::InvalidArgumentError(absl::StrCat(ToString(array.shape), " needs ",
+                                                   array.shape.ByteSize(), " bytes, got ",
+                                                   array.bytes.size()));
+  }
+  const absl::Time start = state_->clock->Now();
+  PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args, args);
+  args.client = state_->client;
+  args.data = array.bytes.data();
+  args.type = type;
+  args.dims = array.shape.dims.data();
+  args.num_dims = array.shape.dims.size();
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  args.device = state_->addressable_handles[device_index];
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_BufferFromHostBuffer, args));
+  auto buffer = std::make_unique<PjrtBuffer>(state_, args.buffer, array.shape, device_index);
+  RETURN_IF_ERROR(AwaitEvent(api, args.done_with_host_buffer, "host buffer release"));
+  PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args, ready);
+  ready.buffer = args.buffer;
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_ReadyEvent, ready));
+  RETURN_IF_ERROR(AwaitEvent(api, ready.event, "host-to-device transfer"));
+  const absl::Duration elapsed = state_->clock->Now() - start;
+  absl::MutexLock lock(&state_->mu);
+  AddTransfer(state_->counters.host_to_device, array.shape.ByteSize(), elapsed);
+  return buffer;
+}
+
+absl::StatusOr<HostArray> PjrtRuntime::ToHost(const DeviceBuffer& buffer) {
+  const PJRT_Api* api = state_->api;
+  const auto* pjrt_buffer = dynamic_cast<const PjrtBuffer*>(&buffer);
+  if (pjrt_buffer == nullptr || pjrt_buffer->state() != state_.get()) {
+    return absl::InvalidArgumentError("buffer was not made by this runtime");
+  }
+  if (buffer.IsDeleted()) {
+    return absl::FailedPreconditionError("buffer was donated to an execution or deleted");
+  }
+  const absl::Time start = state_->clock->Now();
+  HostArray out{buffer.shape(), {}};
+  PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args, args);
+  args.src = pjrt_buffer->handle();
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_ToHostBuffer, args));  // asks for the size
+  out.bytes.resize(args.dst_size);
+  args.dst = out.bytes.data();
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_ToHostBuffer, args));
+  RETURN_IF_ERROR(AwaitEvent(api, args.event, "device-to-host transfer"));
+  const absl::Duration elapsed = state_->clock->Now() - start;
+  absl::MutexLock lock(&state_->mu);
+  AddTransfer(state_->counters.device_to_host, static_cast<int64_t>(out.bytes.size()), elapsed);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> PjrtRuntime::Execute(
+    const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
+    const ExecuteOptions& options) {
+  const PJRT_Api* api = state_->api;
+  const auto* exe = dynamic_cast<const PjrtExecutable*>(&executable);
+  if (exe == nullptr || exe->state() != state_.get()) {
+    return absl::InvalidArgumentError("executable was not made by this runtime");
+  }
+  RETURN_IF_ERROR(CheckExecuteArgs(executable, args, options, state_->addressable));
+  const size_t num_devices = args.size();
+  const size_t num_args = num_devices == 0 ? 0 : args[0].size();
+  std::vector<std::vector<PJRT_Buffer*>> inputs(num_devices);
+  std::vector<PJRT_Buffer* const*> input_lists(num_devices);
+  for (size_t d = 0; d < num_devices; ++d) {
+    for (DeviceBuffer* buffer : args[d]) {
+      const auto* pjrt_buffer = dynamic_cast<const PjrtBuffer*>(buffer);
+      if (pjrt_buffer == nullptr || pjrt_buffer->state() != state_.get()) {
+        return absl::InvalidArgumentError("an input buffer was not made by this runtime");
+      }
+      inputs[d].push_back(pjrt_buffer->handle());
+    }
+    input_lists[d] = inputs[d].data();
+  }
+  const std::set<int> donated(options.donate_inputs.begin(), options.donate_inputs.end());
+  std::vector<int64_t> keep;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!donated.contains(static_cast<int>(i))) keep.push_back(static_cast<int64_t>(i));
+  }
+  std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices,
+                                                 std::vector<PJRT_Buffer*>(exe->num_outputs()));
+  std::vector<PJRT_Buffer**> output_lists(num_devices);
+  for (size_t d = 0; d < num_devices; ++d) output_lists[d] = outputs[d].data();
+  std::vector<PJRT_Event*> done(num_devices, nullptr);
+
+  PJRT_ARGS(PJRT_ExecuteOptions, execute_options);
+  execute_options.non_donatable_input_indices = keep.data();
+  execute_options.num_non_donatable_input_indices = keep.size();
+  PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args, execute);
+  execute.executable = exe->handle();
+  execute.options = &execute_options;
+  execute.argument_lists = input_lists.data();
+  execute.num_devices = num_devices;
+  execute.num_args = num_args;
+  execute.output_lists = output_lists.data();
+  execute.device_complete_events = done.data();
+  const absl::Time start = state_->clock->Now();
+  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_Execute, execute));
+
+  // Own every output first so that nothing leaks when a device reports an error.
+  absl::Status status;
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> results(num_devices);
+  for (size_t d = 0; d < num_devices; ++d) {
+    absl::Status device_status = AwaitEvent(api, done[d], "execution");
+    if (status.ok()) status = device_status;
+    for (PJRT_Buffer* handle : outputs[d]) {
+      absl::StatusOr<ArrayShape> shape = BufferShape(api, handle);
+      if (status.ok()) status = shape.status();
+      results[d].push_back(std::make_unique<PjrtBuffer>(
+          state_, handle, shape.ok() ? *std::move(shape) : ArrayShape{},
+          exe->device_indices()[d]));
+    }
+  }
+  RETURN_IF_ERROR(status);
+  const absl::Duration elapsed = state_->clock->Now() - start;
+  absl::MutexLock lock(&state_->mu);
+  ++state_->counters.executions;
+  state_->counters.execute_time += elapsed;
+  return results;
+}
+
+absl::StatusOr<MemoryStats> PjrtRuntime::GetMemoryStats(absl::string_view runtime_name) {
+  const PJRT_Api* api = state_->api;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < state_->addressable.size(); ++i) {
+    if (state_->addressable[i].runtime_name != runtime_name) {
+      names.push_back(state_->addressable[i].runtime_name);
+      continue;
+    }
+    MemoryStats stats{.runtime_name = std::string(runtime_name)};
+    if (!PJRT_HAS(api, PJRT_Device_MemoryStats)) {
+      stats.unreported_reason = "not reported by this plugin (no PJRT_Device_MemoryStats)";
+      return stats;
+    }
+    PJRT_ARGS(PJRT_Device_MemoryStats_Args, args);
+    args.device = state_->addressable_handles[i];
+    absl::Status status = PJRT_CALL(api, PJRT_Device_MemoryStats, args);
+    if (absl::IsUnimplemented(status)) {
+      stats.unreported_reason = absl::StrCat("not reported by this plugin (", status.message(), ")");
+      return stats;
+    }
+    RETURN_IF_ERROR(status);
+    stats.bytes_in_use = args.bytes_in_use;
+    std::vector<std::string> missing;
+    if (args.peak_bytes_in_use_is_set) {
+      stats.peak_bytes_in_use = args.peak_bytes_in_use;
+    } else {
+      missing.push_back("peak_bytes_in_use");
+    }
+    if (args.bytes_limit_is_set) {
+      stats.bytes_limit = args.bytes_limit;
+    } else {
+      missing.push_back("bytes_limit");
+    }
+    if (!missing.empty()) {
+      stats.unreported_reason =
+          absl::StrCat(absl::StrJoin(missing, ", "), " not reported by this plugin");
+    }
+    return stats;
+  }
+  return absl::NotFoundError(absl::StrCat("no addressable device '", runtime_name,
+                                          "'; devices: ", absl::StrJoin(names, ", ")));
+}
+
+RuntimeCounters PjrtRuntime::counters() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->counters;
+}
+
+}  // namespace meshrun::runtime
