@@ -1,0 +1,178 @@
+// The coordinator's telemetry history: a SQLite database (one file, WAL journal) of every
+// global summary, the host summaries they were combined from, and each series' values in a
+// narrow table for range queries.
+//
+// Durability: a call that returns OK has committed its transaction. With the default
+// `synchronous_full` the commit is fsynced (survives power loss); with it off
+// (synchronous=NORMAL) a commit survives the process being killed (kill -9) but not the
+// machine losing power. An acknowledgement (UploadTelemetryAck) must only be sent after
+// AppendHost returned OK; a summary must only be published (WatchHub::Publish) after Append
+// returned OK — the hub's backfill/live seam relies on it.
+//
+// Schema (user_version 1):
+//   jobs(job_id, created_micros, latest_step)               one row per job with history
+//   job_series(job_id, name, declaration)                   the series a job declared or sent
+//   global_summaries(job_id, step, inserted_micros, summary) GlobalSummary without host_detail
+//   series_points(job_id, name, element, step, value)       one row per element per step;
+//                                                           NaN is stored as NULL
+//   host_summaries(job_id, step, host, host_index, inserted_micros, summary)
+//   host_progress(job_id, host, persisted_through_step)     survives pruning
+//
+// Retention: Prune() (called by the owner, e.g. once a minute) deletes, per job, global and
+// host summaries and series points older than `max_age` (by insertion time on the injected
+// clock) and all but the newest `max_steps_per_job` steps; zero disables a limit. A job whose
+// rows are all pruned away by age is forgotten. LatestStep and host progress are kept for a
+// job that still exists, so resume and acknowledgements never move backwards.
+//
+// Lifetime: Create() opens (or creates) the database and returns an owned store; the clock
+// must outlive it. Several processes must not open the same file at once.
+// Thread-safety: every method is safe to call concurrently (one connection, one mutex).
+// Errors common to every method: INTERNAL (a SQLite failure, its message included),
+// DATA_LOSS (the database file is corrupt or a stored row does not parse), RESOURCE_EXHAUSTED
+// (the disk is full).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "meshrun/v1/telemetry.pb.h"
+
+struct sqlite3;
+
+namespace meshrun::telemetry {
+
+class HistoryStore {
+ public:
+  struct Config {
+    std::string path;                // database file; created when missing
+    bool synchronous_full = true;    // false: synchronous=NORMAL (survives kill -9 only)
+    absl::Duration max_age = absl::ZeroDuration();  // zero: keep forever
+    int64_t max_steps_per_job = 0;                  // zero: no limit
+    absl::Duration busy_timeout = absl::Seconds(5);
+    Clock* clock = &RealClock();
+  };
+
+  struct ReadRequest {
+    std::string job_id;
+    int64_t since_step = 0;           // first step wanted; 0 = from the first kept
+    std::vector<std::string> names;   // series to keep in each summary; empty = all
+    int limit = 1000;                 // at most this many summaries (>= 1)
+    bool host_detail = false;         // attach the host summaries (host order)
+  };
+
+  struct SeriesRequest {
+    std::string job_id;
+    std::string name;
+    int64_t element = 0;              // row-major index into a non-scalar series
+    int64_t from_step = 0;            // inclusive
+    int64_t to_step = INT64_MAX;      // inclusive
+    int max_points = 0;               // 0 = every point; otherwise >= 4
+  };
+
+  struct Point {
+    int64_t step = 0;
+    double value = 0;  // NaN when the step's value was NaN
+  };
+
+  struct JobInfo {
+    std::string job_id;
+    int64_t first_step = 0;   // oldest kept global summary; 0 when none is kept
+    int64_t latest_step = 0;  // newest global summary ever appended; 0 when none
+    int64_t summaries = 0;    // global summaries kept
+  };
+
+  // Errors: INVALID_ARGUMENT (empty path, null clock, negative max_age or max_steps_per_job),
+  // UNAVAILABLE (the file cannot be opened or created), FAILED_PRECONDITION (the file holds a
+  // newer schema), plus the common ones.
+  static absl::StatusOr<std::unique_ptr<HistoryStore>> Create(Config config);
+  ~HistoryStore();
+  HistoryStore(const HistoryStore&) = delete;
+  HistoryStore& operator=(const HistoryStore&) = delete;
+
+  // Records a job and its declared series (so watchers may name them before the first
+  // summary). Idempotent; adds series not yet known. Errors: INVALID_ARGUMENT (empty job_id or
+  // series name).
+  absl::Status RegisterJob(const std::string& job_id,
+                           const std::vector<v1::TelemetryDeclaration>& declarations);
+
+  // Commits one global summary: the summary without host_detail, one series point per value
+  // element, and each host_detail entry as a host summary (already-stored ones are kept).
+  // Registers the job and its series when new. Appending a step that is already stored
+  // replaces it (idempotent for the same summary).
+  // Errors: INVALID_ARGUMENT (empty job_id, step < 1).
+  absl::Status Append(const v1::GlobalSummary& summary);
+
+  // Commits one host summary (ignored when that job/step/host is already stored) and returns
+  // the host's persisted_through_step: the highest step of that host committed for the job.
+  // Registers the job when new. Errors: INVALID_ARGUMENT (empty job_id or host, step < 1).
+  absl::StatusOr<int64_t> AppendHost(const v1::HostSummary& summary);
+
+  // Global summaries of a job with step >= since_step, in step order, at most `limit`.
+  // Errors: NOT_FOUND (unknown job; a name that is not a series of the job, named),
+  // INVALID_ARGUMENT (since_step < 0, limit < 1, since_step beyond latest step + 1 — the
+  // message names the latest step).
+  absl::StatusOr<std::vector<v1::GlobalSummary>> Read(const ReadRequest& request) const;
+
+  // The newest step appended for the job (0 when none yet). Errors: NOT_FOUND (unknown job).
+  absl::StatusOr<int64_t> LatestStep(const std::string& job_id) const;
+
+  // The series' values in [from_step, to_step], in step order. With max_points > 0 and more
+  // points in range, downsamples to at most max_points: the first and the last point are kept,
+  // the points between are split into (max_points - 2) / 2 buckets of consecutive points and
+  // each bucket keeps its minimum and its maximum (NaN counts as the maximum), in step order.
+  // Errors: NOT_FOUND (unknown job or series), INVALID_ARGUMENT (max_points 1..3 or negative,
+  // from_step > to_step, element outside the series).
+  absl::StatusOr<std::vector<Point>> ReadSeries(const SeriesRequest& request) const;
+
+  // Host summaries of the job with step > after_step, in step then host order: what a
+  // restarted coordinator feeds back to the StepCombiner. Errors: NOT_FOUND (unknown job).
+  absl::StatusOr<std::vector<v1::HostSummary>> ReadHostSummaries(const std::string& job_id,
+                                                                 int64_t after_step) const;
+
+  // The host's persisted_through_step for the job (0 when it sent nothing).
+  // Errors: NOT_FOUND (unknown job).
+  absl::StatusOr<int64_t> PersistedThroughStep(const std::string& job_id,
+                                               const std::string& host) const;
+
+  // The job's declared (or first seen) series, in registration order. Errors: NOT_FOUND.
+  absl::StatusOr<std::vector<v1::TelemetryDeclaration>> Series(const std::string& job_id) const;
+
+  // Every job with history, by job_id.
+  absl::StatusOr<std::vector<JobInfo>> ListJobs() const;
+
+  // Applies the retention limits now; returns how many global summaries were deleted.
+  absl::StatusOr<int64_t> Prune();
+
+ private:
+  explicit HistoryStore(Config config) : config_(std::move(config)) {}
+  absl::Status Open();
+  absl::Status ExecLocked(const char* sql) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status JobExistsLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> LatestStepLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::map<std::string, int64_t>> SeriesLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddSeriesLocked(const std::string& job_id, const v1::TelemetryDeclaration& decl)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PutHostLocked(const v1::HostSummary& summary, int64_t host_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` in one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
+  template <typename Body>
+  absl::Status TransactionLocked(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Config config_;
+  mutable absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace meshrun::telemetry
