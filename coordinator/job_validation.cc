@@ -18,7 +18,7 @@ absl::Status Invalid(const std::string& field, const std::string& problem) {
 }
 
 absl::Status CheckTensors(const google::protobuf::RepeatedPtrField<v1::TensorSpec>& tensors,
-                          const char* list) {
+                          const std::string& list) {
   std::set<std::string> names;
   for (int i = 0; i < tensors.size(); ++i) {
     const v1::TensorSpec& t = tensors[i];
@@ -62,6 +62,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (static_cast<int64_t>(p.stablehlo().size()) > kMaxProgramBytes) {
       return Invalid(field + ".stablehlo", absl::StrCat("is over ", kMaxProgramBytes, " bytes"));
     }
+    if (absl::Status s = CheckTensors(p.inputs(), field + ".inputs"); !s.ok()) return s;
+    if (absl::Status s = CheckTensors(p.outputs(), field + ".outputs"); !s.ok()) {
+      return s;
+    }
   }
   if (!roles.contains("init")) return Invalid("programs", "has no \"init\" program");
   const bool moe = spec.model_family() == v1::MODEL_FAMILY_MOE;
@@ -71,10 +75,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!moe && !roles.contains("step")) {
     return Invalid("programs", "of a dense or Mamba job (compile mode A) need a \"step\" program");
   }
-  if (absl::Status s = CheckTensors(spec.inputs(), "inputs"); !s.ok()) return s;
-  if (absl::Status s = CheckTensors(spec.outputs(), "outputs"); !s.ok()) return s;
+  // Telemetry comes from the program that ends a step: "step" in mode A, "apply" in mode B.
   std::set<std::string> outputs;
-  for (const v1::TensorSpec& t : spec.outputs()) outputs.insert(t.name());
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == (moe ? "apply" : "step")) {
+      for (const v1::TensorSpec& t : p.outputs()) outputs.insert(t.name());
+    }
+  }
   std::set<std::string> series;
   for (int i = 0; i < spec.telemetry_size(); ++i) {
     const v1::TelemetryDeclaration& t = spec.telemetry(i);

@@ -15,7 +15,7 @@ v1::JobSpec GoodSpec() {
     p->set_role(role);
     p->set_stablehlo("module {}");
   }
-  v1::TensorSpec* out = spec.add_outputs();
+  v1::TensorSpec* out = spec.mutable_programs(1)->add_outputs();
   out->set_name("loss");
   out->set_dtype("f32");
   v1::TelemetryDeclaration* t = spec.add_telemetry();
@@ -37,7 +37,8 @@ TEST(JobValidationTest, EachRefusalNamesItsField) {
       {[](v1::JobSpec& s) { s.mutable_programs(1)->clear_stablehlo(); },
        "spec.programs[1].stablehlo"},
       {[](v1::JobSpec& s) { s.set_model_family(v1::MODEL_FAMILY_MOE); }, "\"grad\" and \"apply\""},
-      {[](v1::JobSpec& s) { s.mutable_outputs(0)->set_dtype("float"); }, "spec.outputs[0].dtype"},
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_outputs(0)->set_dtype("float"); },
+       "spec.programs[1].outputs[0].dtype"},
       {[](v1::JobSpec& s) { s.mutable_telemetry(0)->set_name("los"); },
        "\"los\" is not an output of the step program"},
       {[](v1::JobSpec& s) { s.mutable_telemetry(0)->clear_combine(); },

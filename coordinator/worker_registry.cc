@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -43,7 +45,7 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
     WorkerEntry replaced = entry;
     replaced.state = WorkerState::kDead;
     replaced.state_reason = absl::StrCat("replaced by new incarnation ", info.incarnation);
-    replaced_.push_back(std::move(replaced));
+    newly_dead_.push_back(std::move(replaced));
   }
   entry = WorkerEntry{.info = info,
                       .state = WorkerState::kAlive,
@@ -81,6 +83,17 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& host, const std::strin
   return absl::OkStatus();
 }
 
+absl::Status WorkerRegistry::AddExecutable(const std::string& host,
+                                           const std::string& incarnation,
+                                           const std::string& fingerprint) {
+  absl::MutexLock lock(&mu_);
+  auto entry = FindCurrent(host, incarnation);
+  if (!entry.ok()) return entry.status();
+  std::vector<std::string>& held = (*entry)->info.executable_fingerprints;
+  if (std::find(held.begin(), held.end(), fingerprint) == held.end()) held.push_back(fingerprint);
+  return absl::OkStatus();
+}
+
 absl::Status WorkerRegistry::Deregister(const std::string& host, const std::string& incarnation) {
   absl::MutexLock lock(&mu_);
   auto entry = FindCurrent(host, incarnation);
@@ -90,9 +103,7 @@ absl::Status WorkerRegistry::Deregister(const std::string& host, const std::stri
   return absl::OkStatus();
 }
 
-std::vector<WorkerEntry> WorkerRegistry::ExpireOverdueLocked() {
-  std::vector<WorkerEntry> expired = std::move(replaced_);
-  replaced_.clear();
+void WorkerRegistry::ExpireOverdueLocked() {
   const absl::Time now = config_.clock->Now();
   for (auto& [host, entry] : by_host_) {
     if (entry.state == WorkerState::kAlive &&
@@ -102,15 +113,17 @@ std::vector<WorkerEntry> WorkerRegistry::ExpireOverdueLocked() {
                                         absl::FormatDuration(now - entry.last_heartbeat),
                                         " (timeout ",
                                         absl::FormatDuration(config_.heartbeat_timeout), ")");
-      expired.push_back(entry);
+      newly_dead_.push_back(entry);
     }
   }
-  return expired;
 }
 
 std::vector<WorkerEntry> WorkerRegistry::ExpireOverdue() {
   absl::MutexLock lock(&mu_);
-  return ExpireOverdueLocked();
+  ExpireOverdueLocked();
+  std::vector<WorkerEntry> dead;
+  dead.swap(newly_dead_);
+  return dead;
 }
 
 std::vector<WorkerEntry> WorkerRegistry::List() {

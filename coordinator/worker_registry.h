@@ -68,6 +68,10 @@ class WorkerRegistry {
   // the host's current one, or was declared DEAD or LEFT: register a fresh incarnation).
   absl::Status Heartbeat(const std::string& host, const std::string& incarnation);
 
+  // Records that the worker now holds executable `fingerprint`. Errors: as Heartbeat.
+  absl::Status AddExecutable(const std::string& host, const std::string& incarnation,
+                             const std::string& fingerprint);
+
   // Marks the incarnation LEFT. Errors: as Heartbeat.
   absl::Status Deregister(const std::string& host, const std::string& incarnation);
 
@@ -87,14 +91,16 @@ class WorkerRegistry {
   absl::StatusOr<WorkerEntry*> FindCurrent(const std::string& host,
                                            const std::string& incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<WorkerEntry> ExpireOverdueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares overdue workers DEAD and queues them for ExpireOverdue. Every method that reads
+  // liveness calls it, so the queue is what guarantees each death is reported exactly once.
+  void ExpireOverdueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   absl::Mutex mu_;
   std::map<std::string, WorkerEntry> by_host_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> incarnation_host_ ABSL_GUARDED_BY(mu_);  // every one seen
-  // Incarnations displaced by a newer one of their host, not yet reported by ExpireOverdue.
-  std::vector<WorkerEntry> replaced_ ABSL_GUARDED_BY(mu_);
+  // Incarnations declared DEAD (timed out or replaced), not yet reported by ExpireOverdue.
+  std::vector<WorkerEntry> newly_dead_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::coordinator

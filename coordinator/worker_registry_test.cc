@@ -39,6 +39,19 @@ TEST_F(WorkerRegistryTest, HeartbeatsKeepAWorkerAliveAndSilenceKillsIt) {
   EXPECT_EQ(registry_->Heartbeat("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(WorkerRegistryTest, DeathNoticedByAnotherCallIsStillReportedOnce) {
+  ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
+  ASSERT_TRUE(registry_->Register(Worker("b", "b1")).ok());
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(registry_->Register(Worker("c", "c1")).ok());  // each of these sees the timeout
+  EXPECT_EQ(registry_->List().size(), 3u);
+  std::vector<WorkerEntry> dead = registry_->ExpireOverdue();
+  ASSERT_EQ(dead.size(), 2u) << "deaths found by Register/List must not be lost";
+  EXPECT_EQ(dead[0].info.host, "a");
+  EXPECT_EQ(dead[1].info.host, "b");
+  EXPECT_TRUE(registry_->ExpireOverdue().empty());
+}
+
 TEST_F(WorkerRegistryTest, NewIncarnationIsANewMemberAndTheOldOneDies) {
   ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
   ASSERT_TRUE(registry_->Register(Worker("a", "a2")).ok());

@@ -1,5 +1,8 @@
 // meshrun: the command-line client.
+#include <google/protobuf/text_format.h>
+
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -12,6 +15,8 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/binary_setup.h"
 #include "services/grpc_probe.h"
+#include "services/job_bundle.h"
+#include "services/proto_convert.h"
 #include "services/server_support.h"
 #include "worker/runtime/identity.h"
 
@@ -19,7 +24,11 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordina
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
 ABSL_FLAG(int, expect, 0,
           "workers: wait (up to --wait) until at least this many workers are ALIVE");
-ABSL_FLAG(absl::Duration, wait, absl::Seconds(30), "workers --expect: how long to wait");
+ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
+          "workers --expect / submit --follow: how long to wait");
+ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
+ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
+ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
 
 namespace meshrun::services {
 namespace {
@@ -29,6 +38,10 @@ constexpr char kUsage[] =
     "commands:\n"
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
     "  workers              list the coordinator's workers (--expect=N waits for N alive)\n"
+    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow)\n"
+    "  get <job-id>         print a job's manifest\n"
+    "  list                 list jobs\n"
+    "  cancel <job-id>      cancel a job on every worker\n"
     "  version              print this build's version and protocol range\n";
 
 int Health(const std::vector<std::string>& args) {
@@ -87,18 +100,17 @@ int Workers() {
     ExitWithError(absl::StrCat("cannot list workers of coordinator ", address, ": ",
                                workers.status().message()), 1);
   }
-  std::printf("%-20s %-6s %-22s %-10s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
+  std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
               "DEVICES", "HEARTBEAT", "NOTE");
   int alive = 0;
   const int64_t now_micros = absl::ToUnixMicros(absl::Now());
   for (const v1::WorkerStatus& w : workers->workers()) {
     const auto& reg = w.registration();
     alive += w.state() == v1::WORKER_STATE_ALIVE;
-    runtime::RuntimeIdentity identity{.platform_name = reg.runtime().platform_name(),
-                                      .platform_version = reg.runtime().platform_version()};
+    const runtime::RuntimeIdentity identity = FromProto(reg.runtime());
     std::string note = w.state_reason();
     if (!w.exclusion_reason().empty()) note = absl::StrCat(note, " excluded: ", w.exclusion_reason());
-    std::printf("%-20s %-6s %-22s %-10s %-7d %-9s %s\n", reg.host().c_str(),
+    std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
                 StateName(w.state()).c_str(), reg.address().c_str(),
                 runtime::ToString(identity).c_str(), reg.devices_size(),
                 absl::StrFormat("%.1fs ago",
@@ -112,6 +124,105 @@ int Workers() {
   return 0;
 }
 
+std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub() {
+  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
+    ExitWithError(std::string(parsed.status().message()), 2);
+  }
+  return v1::Coordinator::NewStub(MakeChannel(address));
+}
+
+void CheckCall(const grpc::Status& status, const std::string& what) {
+  if (!status.ok()) {
+    ExitWithError(absl::StrCat(what, ": ", absl::StatusCodeToString(
+                                               static_cast<absl::StatusCode>(status.error_code())),
+                               ": ", status.error_message()), 1);
+  }
+}
+
+// The manifest without the programs' tensor lists, which would drown everything else.
+std::string ManifestText(v1::JobManifest job) {
+  for (v1::Program& program : *job.mutable_spec()->mutable_programs()) {
+    program.clear_inputs();
+    program.clear_outputs();
+    program.clear_donated_inputs();
+  }
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job, &text);
+  return text;
+}
+
+int Submit(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun submit <job.json>", 2);
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromBundle(
+      args[2], {.steps = absl::GetFlag(FLAGS_steps), .telemetry_cadence = absl::GetFlag(FLAGS_cadence)});
+  if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
+  auto stub = CoordinatorStub();
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  v1::SubmitJobResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(stub->SubmitJob(context.get(), request, &response), "submit refused");
+  std::printf("%s\n", response.job_id().c_str());
+  if (!absl::GetFlag(FLAGS_follow)) return 0;
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_wait);
+  v1::JobManifest job;
+  while (true) {
+    v1::GetJobRequest get;
+    get.set_job_id(response.job_id());
+    auto get_context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+    CheckCall(stub->GetJob(get_context.get(), get, &job), "get");
+    const bool final = job.state() == v1::JOB_STATE_SUCCEEDED ||
+                       job.state() == v1::JOB_STATE_FAILED ||
+                       job.state() == v1::JOB_STATE_CANCELLED;
+    if (final || absl::Now() >= give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  std::printf("%s", ManifestText(job).c_str());
+  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+}
+
+int Get(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun get <job-id>", 2);
+  auto stub = CoordinatorStub();
+  v1::GetJobRequest request;
+  request.set_job_id(args[2]);
+  v1::JobManifest job;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(stub->GetJob(context.get(), request, &job), "get");
+  std::printf("%s", ManifestText(job).c_str());
+  return 0;
+}
+
+int List() {
+  auto stub = CoordinatorStub();
+  v1::ListJobsResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(stub->ListJobs(context.get(), {}, &response), "list");
+  std::printf("%-10s %-24s %-10s %-8s %-6s %s\n", "JOB", "NAME", "STATE", "STEP", "CACHE",
+              "NOTE");
+  for (const v1::JobManifest& job : response.jobs()) {
+    std::string state = v1::JobState_Name(job.state()).substr(strlen("JOB_STATE_"));
+    std::string note = job.error().empty() ? "" : job.failed_host() + ": " + job.error();
+    std::printf("%-10s %-24s %-10s %-8lld %-6s %s\n", job.job_id().c_str(),
+                job.spec().name().c_str(), state.c_str(), static_cast<long long>(job.last_step()),
+                job.cache_hit() ? "hit" : "miss", note.c_str());
+  }
+  return 0;
+}
+
+int Cancel(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun cancel <job-id>", 2);
+  auto stub = CoordinatorStub();
+  v1::CancelJobRequest request;
+  request.set_job_id(args[2]);
+  v1::CancelJobResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(stub->CancelJob(context.get(), request, &response), "cancel");
+  std::printf("cancelled %s\n", args[2].c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace meshrun::services
 
@@ -122,10 +233,14 @@ int main(int argc, char** argv) {
   const std::string& command = args[1];
   if (command == "health") return Health(args);
   if (command == "workers") return Workers();
+  if (command == "submit") return Submit(args);
+  if (command == "get") return Get(args);
+  if (command == "list") return List();
+  if (command == "cancel") return Cancel(args);
   if (command == "version") {
     std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, version", 2);
 }

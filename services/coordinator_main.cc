@@ -6,6 +6,7 @@
 #include "services/binary_setup.h"
 #include "services/coordinator_server.h"
 #include "services/server_support.h"
+#include "worker/runtime/backends.h"
 
 ABSL_FLAG(std::string, listen, "[::]:7070", "HOST:PORT to serve on; port 0 picks a free port");
 ABSL_FLAG(std::string, state_dir, "",
@@ -13,6 +14,9 @@ ABSL_FLAG(std::string, state_dir, "",
           "$XDG_STATE_HOME/meshrun/coordinator or ~/.local/state/meshrun/coordinator");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
           "a worker silent for this long is DEAD; workers heartbeat every half of it");
+ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
+          "PJRT plugin the coordinator compiles with (the workers' plugin); empty: no compiling");
+ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: devices of the compiling client");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 
@@ -31,7 +35,9 @@ int main(int argc, char** argv) {
   auto server = meshrun::services::CoordinatorServer::Start(
       {.listen = absl::GetFlag(FLAGS_listen),
        .state_dir = state_dir,
-       .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout)});
+       .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout),
+       .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
+       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

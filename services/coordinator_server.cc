@@ -2,9 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "coordinator/job_validation.h"
+#include "services/runtime_setup.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
 #include "services/unary_reactor.h"
@@ -62,6 +68,107 @@ absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest&,
   return absl::OkStatus();
 }
 
+namespace {
+// Manifests as clients see them: without the program bytes they submitted.
+v1::JobManifest WithoutPrograms(v1::JobManifest job) {
+  for (v1::Program& program : *job.mutable_spec()->mutable_programs()) {
+    program.clear_stablehlo();
+  }
+  return job;
+}
+}  // namespace
+
+absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& request,
+                                              v1::SubmitJobResponse* response) {
+  if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
+  RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
+  response->set_job_id(jobs_->Add(request.spec()));
+  spdlog::info("job {} ({}) submitted: {} steps", response->job_id(), request.spec().name(),
+               request.spec().steps());
+  launcher_->Launch(response->job_id());
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
+                                           v1::JobManifest* response) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+  ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
+  *response = WithoutPrograms(std::move(job));
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
+                                             v1::ListJobsResponse* response) {
+  for (v1::JobManifest& job : jobs_->List()) *response->add_jobs() = WithoutPrograms(job);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::CancelJob(const v1::CancelJobRequest& request,
+                                              v1::CancelJobResponse*) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+  return launcher_->Cancel(request.job_id());
+}
+
+absl::Status CoordinatorRpcHandler::ReportJobProgress(const v1::ReportJobProgressRequest& request,
+                                                      v1::ReportJobProgressResponse*) {
+  if (request.job_id().empty() || request.host().empty()) {
+    return absl::InvalidArgumentError("job_id and host must be set");
+  }
+  return launcher_->Report(request);
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueSet(const v1::KeyValueSetRequest& request,
+                                                v1::KeyValueSetResponse*) {
+  return kv_->Set(request.key(), request.value(), request.allow_overwrite());
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueTryGet(const v1::KeyValueGetRequest& request,
+                                                   v1::KeyValueGetResponse* response) {
+  ASSIGN_OR_RETURN(*response->mutable_value(), kv_->TryGet(request.key()));
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueList(const v1::KeyValueListRequest& request,
+                                                 v1::KeyValueListResponse* response) {
+  if (request.directory().empty()) return absl::InvalidArgumentError("directory is empty");
+  for (auto& [key, value] : kv_->List(request.directory())) {
+    v1::KeyValueEntry* entry = response->add_entries();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueDelete(const v1::KeyValueDeleteRequest& request,
+                                                   v1::KeyValueDeleteResponse*) {
+  return kv_->Delete(request.key());
+}
+
+namespace {
+absl::StatusOr<absl::Duration> WaitTimeout(int64_t millis, const char* field) {
+  if (millis < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is negative; give milliseconds >= 0"));
+  }
+  return std::min(absl::Milliseconds(millis), CoordinatorRpcHandler::kMaxWait);
+}
+}  // namespace
+
+void CoordinatorRpcHandler::KeyValueGet(const v1::KeyValueGetRequest& request,
+                                        std::function<void(absl::StatusOr<std::string>)> done) {
+  absl::StatusOr<absl::Duration> timeout = WaitTimeout(request.timeout_millis(), "timeout_millis");
+  if (!timeout.ok()) return done(timeout.status());
+  kv_->GetAsync(request.key(), absl::Now() + *timeout, std::move(done));
+}
+
+void CoordinatorRpcHandler::WaitAtBarrier(const v1::WaitAtBarrierRequest& request,
+                                          std::function<void(absl::Status)> done) {
+  absl::StatusOr<absl::Duration> timeout = WaitTimeout(request.timeout_millis(), "timeout_millis");
+  if (!timeout.ok()) return done(timeout.status());
+  kv_->WaitAtBarrier(request.barrier_id(), request.task(),
+                     {request.tasks().begin(), request.tasks().end()}, absl::Now() + *timeout,
+                     std::move(done));
+}
+
 // The thin callback-API adapter.
 class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
  public:
@@ -92,6 +199,71 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                         v1::ListWorkersResponse* response) override {
     return FinishUnary(context, [&] { return handler_->ListWorkers(*request, response); });
   }
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::SubmitJobResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->SubmitJob(*request, response); });
+  }
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobManifest* response) override {
+    return FinishUnary(context, [&] { return handler_->GetJob(*request, response); });
+  }
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->ListJobs(*request, response); });
+  }
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::CancelJobResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->CancelJob(*request, response); });
+  }
+  grpc::ServerUnaryReactor* ReportJobProgress(grpc::CallbackServerContext* context,
+                                              const v1::ReportJobProgressRequest* request,
+                                              v1::ReportJobProgressResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->ReportJobProgress(*request, response); });
+  }
+  grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
+                                        const v1::KeyValueSetRequest* request,
+                                        v1::KeyValueSetResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->KeyValueSet(*request, response); });
+  }
+  grpc::ServerUnaryReactor* KeyValueTryGet(grpc::CallbackServerContext* context,
+                                           const v1::KeyValueGetRequest* request,
+                                           v1::KeyValueGetResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->KeyValueTryGet(*request, response); });
+  }
+  grpc::ServerUnaryReactor* KeyValueList(grpc::CallbackServerContext* context,
+                                         const v1::KeyValueListRequest* request,
+                                         v1::KeyValueListResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->KeyValueList(*request, response); });
+  }
+  grpc::ServerUnaryReactor* KeyValueDelete(grpc::CallbackServerContext* context,
+                                           const v1::KeyValueDeleteRequest* request,
+                                           v1::KeyValueDeleteResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->KeyValueDelete(*request, response); });
+  }
+  // The waiting RPCs finish from the store's callback; the server thread returns at once.
+  grpc::ServerUnaryReactor* KeyValueGet(grpc::CallbackServerContext* context,
+                                        const v1::KeyValueGetRequest* request,
+                                        v1::KeyValueGetResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    handler_->KeyValueGet(*request, [reactor, response](absl::StatusOr<std::string> value) {
+      if (value.ok()) *response->mutable_value() = std::move(*value);
+      reactor->Finish(ToGrpcStatus(value.status()));
+    });
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* WaitAtBarrier(grpc::CallbackServerContext* context,
+                                          const v1::WaitAtBarrierRequest* request,
+                                          v1::WaitAtBarrierResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    handler_->WaitAtBarrier(*request, [reactor](absl::Status status) {
+      reactor->Finish(ToGrpcStatus(status));
+    });
+    return reactor;
+  }
 
  private:
   CoordinatorRpcHandler* const handler_;
@@ -109,7 +281,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   ASSIGN_OR_RETURN(server->registry_,
                    coordinator::WorkerRegistry::Create(
                        {.heartbeat_timeout = config.heartbeat_timeout, .clock = config.clock}));
-  server->handler_ = std::make_unique<CoordinatorRpcHandler>(server->registry_.get());
+  ASSIGN_OR_RETURN(server->kv_, coordinator::KeyValueStore::Create({}));
+  ASSIGN_OR_RETURN(server->jobs_, coordinator::JobTable::Create({.clock = config.clock}));
+  ASSIGN_OR_RETURN(server->cache_, coordinator::ExecutableCache::Create(
+                                       {.directory = config.state_dir + "/executables",
+                                        .max_bytes = config.cache_max_bytes,
+                                        .clock = config.clock}));
+  if (!config.pjrt_plugin.empty()) {
+    ASSIGN_OR_RETURN(server->runtime_, CreatePjrtRuntime(config.pjrt_plugin, config.cpu_devices));
+    spdlog::info("coordinator compiles with {}", runtime::ToString(server->runtime_->identity()));
+  }
+  server->launcher_ = std::make_unique<JobLauncher>(
+      JobLauncher::Config{.registry = server->registry_.get(),
+                          .jobs = server->jobs_.get(),
+                          .cache = server->cache_.get(),
+                          .runtime = server->runtime_.get()});
+  server->handler_ = std::make_unique<CoordinatorRpcHandler>(
+      server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get());
   server->service_ = std::make_unique<Service>(server->handler_.get());
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", config.listen, {server->service_.get()}));
@@ -127,6 +315,7 @@ void CoordinatorServer::SweepLiveness() {
     for (const coordinator::WorkerEntry& dead : registry_->ExpireOverdue()) {
       spdlog::warn("worker {} (incarnation {}) is DEAD: {}", dead.info.host,
                    dead.info.incarnation, dead.state_reason);
+      launcher_->OnWorkerDead(dead);
     }
   }
 }
@@ -134,6 +323,7 @@ void CoordinatorServer::SweepLiveness() {
 void CoordinatorServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
   handler_->SetDraining();
+  kv_->CancelWaiters();  // long waits end now, cleanly, rather than at the deadline
   DrainServer(*server_, deadline);
   stop_sweeper_.Notify();
   sweeper_.join();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,8 +19,13 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/executable_cache.h"
+#include "coordinator/job_table.h"
+#include "coordinator/key_value_store.h"
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "services/job_launcher.h"
+#include "worker/runtime/runtime.h"
 
 namespace meshrun::services {
 
@@ -27,7 +33,9 @@ namespace meshrun::services {
 // Thread-safety: safe to call concurrently.
 class CoordinatorRpcHandler {
  public:
-  explicit CoordinatorRpcHandler(coordinator::WorkerRegistry* registry) : registry_(registry) {}
+  CoordinatorRpcHandler(coordinator::WorkerRegistry* registry, coordinator::KeyValueStore* kv,
+                        coordinator::JobTable* jobs, JobLauncher* launcher)
+      : registry_(registry), kv_(kv), jobs_(jobs), launcher_(launcher) {}
 
   // Once set, registrations are refused with UNAVAILABLE.
   void SetDraining() { draining_ = true; }
@@ -42,8 +50,33 @@ class CoordinatorRpcHandler {
   absl::Status ListWorkers(const v1::ListWorkersRequest& request,
                            v1::ListWorkersResponse* response);
 
+  absl::Status SubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response);
+  absl::Status GetJob(const v1::GetJobRequest& request, v1::JobManifest* response);
+  absl::Status ListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response);
+  absl::Status CancelJob(const v1::CancelJobRequest& request, v1::CancelJobResponse*);
+  absl::Status ReportJobProgress(const v1::ReportJobProgressRequest& request,
+                                 v1::ReportJobProgressResponse*);
+
+  absl::Status KeyValueSet(const v1::KeyValueSetRequest& request, v1::KeyValueSetResponse*);
+  absl::Status KeyValueTryGet(const v1::KeyValueGetRequest& request,
+                              v1::KeyValueGetResponse* response);
+  absl::Status KeyValueList(const v1::KeyValueListRequest& request,
+                            v1::KeyValueListResponse* response);
+  absl::Status KeyValueDelete(const v1::KeyValueDeleteRequest& request,
+                              v1::KeyValueDeleteResponse*);
+  // Waiting calls answer through `done`, on another thread, without holding a server thread.
+  // Timeouts are capped at kMaxWait so a forgotten waiter cannot live forever.
+  void KeyValueGet(const v1::KeyValueGetRequest& request,
+                   std::function<void(absl::StatusOr<std::string>)> done);
+  void WaitAtBarrier(const v1::WaitAtBarrierRequest& request,
+                     std::function<void(absl::Status)> done);
+  static constexpr absl::Duration kMaxWait = absl::Minutes(30);
+
  private:
   coordinator::WorkerRegistry* const registry_;
+  coordinator::KeyValueStore* const kv_;
+  coordinator::JobTable* const jobs_;
+  JobLauncher* const launcher_;
   std::atomic<bool> draining_{false};
 };
 
@@ -53,11 +86,17 @@ class CoordinatorServer {
     std::string listen = "[::]:7070";
     std::string state_dir;  // required; created if missing
     absl::Duration heartbeat_timeout = absl::Seconds(10);
+    // The PJRT plugin the coordinator compiles with; empty: it cannot compile, and jobs fail
+    // at ASSIGNED saying so.
+    std::string pjrt_plugin;
+    int64_t cpu_devices = 8;  // CPU plugin only: devices of the compiling client
+    uint64_t cache_max_bytes = uint64_t{16} << 30;
     Clock* clock = &RealClock();
   };
 
   // Errors: INVALID_ARGUMENT (bad listen address or timeout), FAILED_PRECONDITION (state
-  // directory unusable), UNAVAILABLE (cannot listen); each names the flag.
+  // directory unusable, or its executable cache held by another coordinator), UNAVAILABLE
+  // (cannot listen); each names the flag; the plugin's error when --pjrt_plugin fails to load.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(Config config);
   ~CoordinatorServer();
 
@@ -72,6 +111,11 @@ class CoordinatorServer {
   void SweepLiveness();
 
   std::unique_ptr<coordinator::WorkerRegistry> registry_;
+  std::unique_ptr<coordinator::KeyValueStore> kv_;
+  std::unique_ptr<coordinator::JobTable> jobs_;
+  std::unique_ptr<coordinator::ExecutableCache> cache_;
+  std::unique_ptr<runtime::Runtime> runtime_;
+  std::unique_ptr<JobLauncher> launcher_;
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -76,6 +76,19 @@ coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration) {
   return info;
 }
 
+absl::StatusOr<runtime::ProgramSignature> SignatureOf(const v1::Program& program) {
+  runtime::ProgramSignature signature;
+  for (auto [tensors, out] : {std::pair{&program.inputs(), &signature.inputs},
+                              std::pair{&program.outputs(), &signature.outputs}}) {
+    for (const v1::TensorSpec& t : *tensors) {
+      absl::StatusOr<runtime::DType> dtype = runtime::ParseDType(t.dtype());
+      if (!dtype.ok()) return dtype.status();
+      out->push_back({t.name(), {*dtype, {t.shard_shape().begin(), t.shard_shape().end()}}});
+    }
+  }
+  return signature;
+}
+
 v1::WorkerState ToProto(coordinator::WorkerState state) {
   switch (state) {
     case coordinator::WorkerState::kAlive: return v1::WORKER_STATE_ALIVE;

@@ -2,7 +2,9 @@
 #pragma once
 
 #include "coordinator/worker_registry.h"
+#include "absl/status/statusor.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "worker/runtime/types.h"
 #include "worker/runtime/identity.h"
 
 namespace meshrun::services {
@@ -17,5 +19,9 @@ v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info);
 coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration);
 
 v1::WorkerState ToProto(coordinator::WorkerState state);
+
+// The per-device signature a program declares (its tensors' shard shapes).
+// Errors: INVALID_ARGUMENT naming a tensor with an unknown dtype.
+absl::StatusOr<runtime::ProgramSignature> SignatureOf(const v1::Program& program);
 
 }  // namespace meshrun::services

@@ -81,6 +81,7 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);  // job specs carry their programs
   StartedServer started;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
@@ -136,6 +137,7 @@ int WaitForTerminationSignal() {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

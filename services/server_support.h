@@ -16,6 +16,9 @@
 
 namespace meshrun::services {
 
+// The largest message a meshrun server or client accepts (a job spec with its programs).
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
 struct HostPort {
   std::string host;  // as written, brackets removed for IPv6
   int port = 0;

@@ -7,6 +7,7 @@
 #include "services/server_support.h"
 #include "services/worker_server.h"
 #include "worker/host_identity.h"
+#include "worker/runtime/backends.h"
 
 ABSL_FLAG(std::string, listen, "[::]:7071", "HOST:PORT to serve on; port 0 picks a free port");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -22,6 +23,9 @@ ABSL_FLAG(int, num_slices, 1, "number of slices (MEGASCALE_NUM_SLICES wins)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for the local executable cache; default "
           "$XDG_STATE_HOME/meshrun/worker-<host> or ~/.local/state/meshrun/worker-<host>");
+ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
+          "PJRT plugin to run with: libtpu.so on TPU hosts, XLA's CPU plugin elsewhere");
+ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: number of CPU devices");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight work may take before it is cancelled");
 
@@ -51,7 +55,9 @@ int main(int argc, char** argv) {
        .advertise_address = absl::GetFlag(FLAGS_advertise_address),
        .coordinator = absl::GetFlag(FLAGS_coordinator),
        .identity = *identity,
-       .state_dir = state_dir});
+       .state_dir = state_dir,
+       .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
+       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

@@ -6,12 +6,19 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
 #include "services/server_support.h"
+#include "services/coordinator_kv_client.h"
+#include "services/proto_convert.h"
+#include "services/runtime_setup.h"
 #include "services/unary_reactor.h"
+#include "telemetry/combine.h"
+#include "worker/runtime/example_job.h"
 
 namespace meshrun::services {
 namespace {
@@ -42,15 +49,91 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
                                       const v1::GetStatusRequest*,
                                       v1::WorkerStatusReport* response) override {
     return FinishUnary(context, [&] {
-      response->set_host(owner_->config_.identity.host);
-      response->set_incarnation(owner_->incarnation());
+      owner_->FillStatus(response);
       return absl::OkStatus();
     });
   }
+  grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
+                                     const v1::StartJobRequest* request,
+                                     v1::StartJobResponse*) override {
+    return FinishUnary(context, [&] { return owner_->StartJob(*request); });
+  }
+  grpc::ServerUnaryReactor* StopJob(grpc::CallbackServerContext* context,
+                                    const v1::StopJobRequest* request,
+                                    v1::StopJobResponse*) override {
+    return FinishUnary(context, [&] { return owner_->StopJob(*request); });
+  }
+  grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
+      grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
 
  private:
   WorkerServer* const owner_;
 };
+
+// Receives one executable: chunks go straight into an ExecutableStore upload, so nothing is
+// visible until the whole artifact arrived and matched its sha256.
+class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadExecutableChunk> {
+ public:
+  LoadReactor(WorkerServer* owner, v1::LoadExecutableResponse* response)
+      : owner_(owner), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    absl::Status status = Accept();
+    if (!status.ok()) {
+      upload_.reset();
+      return Finish(ToGrpcStatus(status));
+    }
+    StartRead(&chunk_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Accept() {
+    if (upload_ == nullptr) {
+      if (owner_->executables_->Has(chunk_.fingerprint())) {
+        return absl::AlreadyExistsError("executable already held");
+      }
+      ASSIGN_OR_RETURN(upload_, owner_->executables_->Begin(chunk_.fingerprint(),
+                                                            chunk_.total_bytes()));
+      fingerprint_ = chunk_.fingerprint();
+    }
+    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.data()));
+    if (!chunk_.sha256().empty()) sha256_ = chunk_.sha256();
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (upload_ == nullptr) {
+      return Finish(ToGrpcStatus(absl::InvalidArgumentError("no chunks received")));
+    }
+    absl::Status status = upload_->Commit(sha256_);
+    if (status.ok()) {
+      response_->set_fingerprint(fingerprint_);
+      response_->set_bytes_received(upload_->received());
+      spdlog::info("loaded executable {} ({} bytes)", fingerprint_.substr(0, 12),
+                   upload_->received());
+    } else {
+      spdlog::warn("rejected executable {}: {}", fingerprint_.substr(0, 12), status.ToString());
+    }
+    upload_.reset();
+    Finish(ToGrpcStatus(status));
+  }
+
+  WorkerServer* const owner_;
+  v1::LoadExecutableResponse* const response_;
+  v1::LoadExecutableChunk chunk_;
+  std::unique_ptr<worker::ExecutableStore::Upload> upload_;
+  std::string fingerprint_;
+  std::string sha256_;
+};
+
+grpc::ServerReadReactor<v1::LoadExecutableChunk>* WorkerServer::Service::LoadExecutable(
+    grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) {
+  return new LoadReactor(owner_, response);
+}
 
 WorkerServer::WorkerServer(Config config)
     : config_(std::move(config)), incarnation_(FreshIncarnation()) {}
@@ -68,6 +151,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   }
   RETURN_IF_ERROR(PrepareStateDir("state_dir", config.state_dir));
   std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(config)));
+  ASSIGN_OR_RETURN(server->executables_,
+                   worker::ExecutableStore::Create(server->config_.state_dir + "/executables"));
+  if (!server->config_.pjrt_plugin.empty()) {
+    ASSIGN_OR_RETURN(server->runtime_,
+                     CreatePjrtRuntime(server->config_.pjrt_plugin, server->config_.cpu_devices,
+                                       std::make_shared<CoordinatorKeyValueClient>(
+                                           MakeChannel(server->config_.coordinator))));
+  }
   server->service_ = std::make_unique<Service>(server.get());
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", server->config_.listen, {server->service_.get()}));
@@ -103,6 +194,15 @@ absl::Status WorkerServer::Register() {
     registration->add_slice_hostnames(name);
   }
   registration->set_incarnation(incarnation());
+  if (runtime_ != nullptr) {
+    *registration->mutable_runtime() = ToProto(runtime_->identity());
+    for (const auto& device : runtime_->addressable_devices()) {
+      *registration->add_devices() = ToProto(device);
+    }
+  }
+  for (const std::string& fp : executables_->Fingerprints()) {
+    registration->add_executable_fingerprints(fp);
+  }
   v1::RegisterWorkerResponse response;
   auto context = ContextWithTimeout(config_.rpc_timeout);
   RETURN_IF_ERROR(FromGrpcStatus(coordinator_->RegisterWorker(context.get(), request, &response)));
@@ -167,6 +267,19 @@ void WorkerServer::RegistrationLoop() {
 
 void WorkerServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ != nullptr) job_->loop->Cancel();  // ends between steps; reported as CANCELLED
+  }
+  std::unique_ptr<RunningJob> job;
+  std::vector<std::thread> reporters;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job = std::move(job_);
+    reporters.swap(reporters_);
+  }
+  if (job != nullptr) job->loop->Stop();
+  for (std::thread& t : reporters) t.join();
   stop_loop_.Notify();
   loop_.join();
   if (registered_) {
@@ -183,5 +296,217 @@ void WorkerServer::Drain(absl::Duration deadline) {
 }
 
 WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
+
+namespace {
+
+// The batches of an examples/ bundle, cycled: the exporter's data until the token-shard reader
+// lands.
+class ExampleBundleBatches final : public worker::BatchSource {
+ public:
+  explicit ExampleBundleBatches(std::vector<std::vector<runtime::HostArray>> batches)
+      : batches_(std::move(batches)) {}
+  absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
+    return batches_[next_++ % batches_.size()];
+  }
+
+ private:
+  std::vector<std::vector<runtime::HostArray>> batches_;
+  size_t next_ = 0;
+};
+
+absl::StatusOr<std::shared_ptr<const runtime::Executable>> LoadProgram(
+    runtime::Runtime& runtime, worker::ExecutableStore& store, worker::Metrics& metrics,
+    const v1::JobManifest& manifest, const std::string& role) {
+  auto fp = manifest.program_fingerprints().find(role);
+  if (fp == manifest.program_fingerprints().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest has no \"", role, "\" executable"));
+  }
+  const v1::Program* program = nullptr;
+  for (const v1::Program& p : manifest.spec().programs()) {
+    if (p.role() == role) program = &p;
+  }
+  if (program == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("spec has no \"", role, "\" program"));
+  }
+  ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(*program));
+  ASSIGN_OR_RETURN(std::string bytes, store.Read(fp->second));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::Executable> executable,
+                   runtime.DeserializeAndLoad(bytes, std::move(signature)));
+  metrics.AddTime(worker::kLoadTime, absl::Now() - start);
+  return std::shared_ptr<const runtime::Executable>(std::move(executable));
+}
+
+const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role) {
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == role) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
+  const v1::JobManifest& manifest = request.manifest();
+  const v1::JobSpec& spec = manifest.spec();
+  if (request.job_id().empty() || request.job_id() != manifest.job_id()) {
+    return absl::InvalidArgumentError("job_id must be set and match manifest.job_id");
+  }
+  if (runtime_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
+  }
+  if (spec.model_family() == v1::MODEL_FAMILY_MOE) {
+    return absl::UnimplementedError("mode B (grad + apply) jobs are not run by this worker yet");
+  }
+  if (!spec.data().has_example_bundle()) {
+    return absl::UnimplementedError(
+        "this worker reads data.example_bundle only; token shards and synthetic data come next");
+  }
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ != nullptr && !job_->loop->result().has_value()) {
+      return job_->job_id == request.job_id()
+                 ? absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " runs here"))
+                 : absl::FailedPreconditionError(
+                       absl::StrCat("job ", job_->job_id, " is still running here"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
+  ASSIGN_OR_RETURN(auto step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
+  ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(spec.data().example_bundle()));
+  if (bundle.batches.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.example_bundle ",
+                                                   spec.data().example_bundle(), " has no batches"));
+  }
+
+  const v1::Program& step_program = *FindProgram(spec, "step");
+  worker::RunSpec run{.job_id = manifest.job_id(),
+                      .host = config_.identity.host,
+                      .num_state = spec.state_count(),
+                      .seed = static_cast<uint64_t>(spec.data().seed()),
+                      .mesh_axes = {manifest.mesh().axis_names().begin(),
+                                    manifest.mesh().axis_names().end()},
+                      .mesh_shape = {manifest.mesh().shape().begin(), manifest.mesh().shape().end()},
+                      .device_ids = {manifest.mesh().device_ids().begin(),
+                                     manifest.mesh().device_ids().end()},
+                      .telemetry_cadence = spec.telemetry_cadence(),
+                      .steps = spec.steps(),
+                      .replica_count = manifest.mesh().shape_size() > 0 ? manifest.mesh().shape(0) : 1,
+                      .synthetic_data = spec.data().synthetic()};
+  for (int i = spec.state_count(); i < step_program.inputs_size(); ++i) {
+    const auto& sharding = step_program.inputs(i).sharding();
+    run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
+  }
+  for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
+    worker::TelemetryOutput output{.name = declared.name()};
+    ASSIGN_OR_RETURN(output.combine,
+                     telemetry::ParseCombine(absl::AsciiStrToLower(
+                         v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
+    if (declared.has_threshold()) output.threshold = declared.threshold();
+    for (const v1::TensorSpec& out : step_program.outputs()) {
+      if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
+    }
+    run.telemetry.push_back(std::move(output));
+  }
+  const std::string job_id = manifest.job_id();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::StepLoop> loop,
+      worker::StepLoop::Create(
+          {.runtime = runtime_.get(),
+           .init = std::move(init),
+           .step = std::move(step),
+           .spec = std::move(run),
+           .batches = std::make_unique<ExampleBundleBatches>(std::move(bundle.batches)),
+           .sink = [job_id](worker::HostStepSummary summary) {
+             std::vector<std::string> parts;
+             for (const worker::TelemetryValue& v : summary.values) {
+               if (v.values.size() == 1) parts.push_back(absl::StrCat(v.name, "=", v.values[0]));
+             }
+             spdlog::info("job {} step {}: {} ({})", job_id, summary.step,
+                          absl::StrJoin(parts, " "), absl::FormatDuration(summary.step_time));
+           },
+           .on_done =
+               [this, job_id](const worker::LoopResult& result) {
+                 absl::MutexLock lock(&job_mu_);
+                 reporters_.emplace_back([this, job_id, result] { ReportOutcome(job_id, result); });
+               },
+           .metrics = &metrics_}));
+  RETURN_IF_ERROR(loop->Start());
+  spdlog::info("job {} started: {} steps, telemetry every {}", job_id, spec.steps(),
+               spec.telemetry_cadence());
+  std::unique_ptr<RunningJob> finished;
+  {
+    absl::MutexLock lock(&job_mu_);
+    finished = std::move(job_);
+    job_ = std::make_unique<RunningJob>(RunningJob{job_id, std::move(loop)});
+  }
+  // Joined outside the lock: its on_done callback takes job_mu_.
+  if (finished != nullptr) finished->loop->Stop();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::StopJob(const v1::StopJobRequest& request) {
+  absl::MutexLock lock(&job_mu_);
+  if (job_ == nullptr || job_->job_id != request.job_id()) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " does not run here"));
+  }
+  job_->loop->Cancel();
+  return absl::OkStatus();
+}
+
+void WorkerServer::ReportOutcome(const std::string& job_id, const worker::LoopResult& result) {
+  v1::ReportJobProgressRequest request;
+  request.set_job_id(job_id);
+  request.set_host(config_.identity.host);
+  request.set_incarnation(incarnation());
+  request.set_last_step(result.last_completed_step);
+  switch (result.outcome) {
+    case worker::LoopOutcome::kSucceeded: request.set_state(v1::JOB_STATE_SUCCEEDED); break;
+    case worker::LoopOutcome::kCancelled: request.set_state(v1::JOB_STATE_CANCELLED); break;
+    case worker::LoopOutcome::kFailed:
+      request.set_state(v1::JOB_STATE_FAILED);
+      request.set_error(std::string(result.error.message()));
+      break;
+  }
+  spdlog::info("job {} ended {} after step {}{}", job_id, worker::LoopOutcomeName(result.outcome),
+               result.last_completed_step,
+               result.error.ok() ? "" : ": " + std::string(result.error.message()));
+  // The outcome must not be lost to a short outage: retry while the coordinator is unreachable.
+  for (int attempt = 0; attempt < 30 && !stop_loop_.HasBeenNotified(); ++attempt) {
+    v1::ReportJobProgressResponse response;
+    auto context = ContextWithTimeout(config_.rpc_timeout);
+    grpc::Status status = coordinator_->ReportJobProgress(context.get(), request, &response);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      if (!status.ok()) spdlog::warn("job {}: report refused: {}", job_id, status.error_message());
+      return;
+    }
+    stop_loop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+  }
+}
+
+void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {
+  report->set_host(config_.identity.host);
+  report->set_incarnation(incarnation());
+  if (runtime_ != nullptr) {
+    *report->mutable_runtime() = ToProto(runtime_->identity());
+    for (const auto& device : runtime_->addressable_devices()) *report->add_devices() = ToProto(device);
+  }
+  for (const std::string& fp : executables_->Fingerprints()) report->add_executable_fingerprints(fp);
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ != nullptr) {
+      report->set_running_job_id(job_->job_id);
+      report->set_current_step(job_->loop->last_completed_step());
+    }
+  }
+  for (const worker::MetricValue& m : metrics_.Snapshot()) {
+    v1::Metric* metric = report->add_metrics();
+    metric->set_name(m.name);
+    metric->set_count(m.count);
+    metric->set_total(m.total);
+    metric->set_unit(m.unit());
+  }
+}
 
 }  // namespace meshrun::services

@@ -24,7 +24,11 @@
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/executable_store.h"
 #include "worker/host_identity.h"
+#include "worker/metrics.h"
+#include "worker/runtime/runtime.h"
+#include "worker/step_loop.h"
 
 namespace meshrun::services {
 
@@ -37,13 +41,16 @@ class WorkerServer {
     std::string advertise_address;
     std::string coordinator = "127.0.0.1:7070";
     worker::HostIdentity identity;  // resolved (see worker/host_identity.h)
-    std::string state_dir;          // required; created if missing
+    std::string state_dir;          // required; created if missing (executables live here)
+    std::string pjrt_plugin;        // the PJRT plugin to run with; empty: no runtime
+    int64_t cpu_devices = 8;        // CPU plugin only
     absl::Duration rpc_timeout = absl::Seconds(5);
   };
 
   // Errors: INVALID_ARGUMENT (bad address flag), FAILED_PRECONDITION (state directory
-  // unusable), UNAVAILABLE (cannot listen); each names the flag. The coordinator being down
-  // is not an error: registration keeps retrying in the background.
+  // unusable), UNAVAILABLE (cannot listen); each names the flag; the runtime's error when
+  // the plugin cannot be loaded. The coordinator being down is not an error: registration
+  // keeps retrying in the background.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Config config);
   ~WorkerServer();
 
@@ -51,20 +58,36 @@ class WorkerServer {
   std::string incarnation() const;
   bool registered() const { return registered_; }
 
-  // Stops heartbeating, deregisters (bounded by rpc_timeout), gives in-flight calls until
-  // `deadline`, then stops.
+  // Stops heartbeating, cancels a running job between steps, deregisters (bounded by
+  // rpc_timeout), gives in-flight calls until `deadline`, then stops.
   void Drain(absl::Duration deadline);
 
  private:
   class Service;
+  class LoadReactor;
+  struct RunningJob {
+    std::string job_id;
+    std::unique_ptr<worker::StepLoop> loop;
+  };
   explicit WorkerServer(Config config);
   void RegistrationLoop();
   absl::Status Register();
   absl::Status Heartbeat();
+  absl::Status StartJob(const v1::StartJobRequest& request);
+  absl::Status StopJob(const v1::StopJobRequest& request);
+  void FillStatus(v1::WorkerStatusReport* report);
+  // Sends a job's outcome to the coordinator (retrying while it is unreachable, bounded).
+  void ReportOutcome(const std::string& job_id, const worker::LoopResult& result);
 
   const Config config_;
   std::string advertise_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin
+  std::unique_ptr<worker::ExecutableStore> executables_;
+  worker::Metrics metrics_;
+  absl::Mutex job_mu_;
+  std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);
+  std::vector<std::thread> reporters_ ABSL_GUARDED_BY(job_mu_);
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

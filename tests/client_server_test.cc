@@ -7,6 +7,7 @@
 
 #include "absl/time/clock.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "services/coordinator_kv_client.h"
 #include "services/coordinator_server.h"
 #include "services/grpc_probe.h"
 #include "services/server_support.h"
@@ -155,6 +156,57 @@ TEST(ClientServerTest, BadRegistrationsAreRefusedAndChangeNothing) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("registration.address"), std::string::npos);
   EXPECT_EQ(ListWorkers((*coordinator)->port()).workers_size(), 0);
+}
+
+}  // namespace
+}  // namespace meshrun::services
+
+namespace meshrun::services {
+namespace {
+
+TEST(ClientServerTest, KeyValueRendezvousOverRpc) {
+  auto coordinator = CoordinatorServer::Start(
+      {.listen = "127.0.0.1:0", .state_dir = StateDir("coordinator-kv")});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
+  CoordinatorKeyValueClient host0(MakeChannel(address));
+  CoordinatorKeyValueClient host1(MakeChannel(address));
+
+  // A blocking get on one host is answered by a set on the other.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(host1.Set("pjrt/topology/1", "ici 2x4").ok());
+  });
+  EXPECT_EQ(host0.Get("pjrt/topology/1", absl::Seconds(5)).value(), "ici 2x4");
+  setter.join();
+  EXPECT_EQ(host0.TryGet("pjrt/topology/1").value(), "ici 2x4");
+  EXPECT_EQ(host0.TryGet("pjrt/none").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(host0.Get("pjrt/none", absl::Milliseconds(100)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+
+  // A barrier that one task never reaches names it.
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  v1::WaitAtBarrierRequest barrier;
+  barrier.set_barrier_id("init");
+  barrier.set_task("worker-0");
+  barrier.add_tasks("worker-0");
+  barrier.add_tasks("worker-1");
+  barrier.set_timeout_millis(100);
+  v1::WaitAtBarrierResponse response;
+  auto context = ContextWithTimeout(kTimeout);
+  grpc::Status status = stub->WaitAtBarrier(context.get(), barrier, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_NE(status.error_message().find("worker-1"), std::string::npos);
+
+  // A draining coordinator ends a pending wait cleanly instead of hanging its shutdown.
+  std::thread waiter([&] {
+    EXPECT_FALSE(host0.Get("pjrt/never", absl::Seconds(60)).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const absl::Time drain_start = absl::Now();
+  (*coordinator)->Drain(absl::Seconds(5));
+  EXPECT_LT(absl::Now() - drain_start, absl::Seconds(5));
+  waiter.join();
 }
 
 }  // namespace

@@ -1,0 +1,111 @@
+#include "services/job_bundle.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/runtime/example_job.h"
+
+namespace meshrun::services {
+namespace {
+
+void AddTensors(const std::vector<runtime::ExampleArray>& arrays,
+                google::protobuf::RepeatedPtrField<v1::TensorSpec>* out) {
+  for (const runtime::ExampleArray& a : arrays) {
+    v1::TensorSpec* t = out->Add();
+    t->set_name(a.global.name);
+    t->set_dtype(std::string(runtime::DTypeName(a.global.shape.dtype)));
+    for (int64_t d : a.global.shape.dims) t->add_shape(d);
+    for (const std::string& axis : a.sharding) t->add_sharding(axis);
+    for (int64_t d : a.shard.dims) t->add_shard_shape(d);
+  }
+}
+
+void AddProgram(const std::string& role, const runtime::ExampleProgram& program,
+                v1::JobSpec* spec) {
+  v1::Program* p = spec->add_programs();
+  p->set_role(role);
+  p->set_stablehlo(program.code);
+  AddTensors(program.inputs, p->mutable_inputs());
+  AddTensors(program.outputs, p->mutable_outputs());
+  for (int i : program.donated_inputs) p->add_donated_inputs(i);
+}
+
+absl::StatusOr<v1::Combine> ParseCombineName(const std::string& name) {
+  v1::Combine combine;
+  if (!v1::Combine_Parse("COMBINE_" + absl::AsciiStrToUpper(name), &combine) ||
+      combine == v1::COMBINE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("telemetry combine \"", name, "\" is not mean, max, min, sum or last"));
+  }
+  return combine;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
+                                              const BundleOptions& options) {
+  if (options.steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  if (options.telemetry_cadence < 1) return absl::InvalidArgumentError("--cadence must be >= 1");
+  ASSIGN_OR_RETURN(runtime::ExampleJob job, runtime::LoadExampleJob(job_json_path));
+
+  // The bundle's own declarations (family, telemetry), which ExampleJob does not carry.
+  std::ifstream in(job_json_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  google::protobuf::Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(text.str(), &root).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(job_json_path, " is not valid JSON"));
+  }
+
+  v1::JobSpec spec;
+  spec.set_name(job.name);
+  const auto& fields = root.fields();
+  const std::string family =
+      fields.contains("model_family") ? fields.at("model_family").string_value() : "dense";
+  spec.set_model_family(family == "moe"     ? v1::MODEL_FAMILY_MOE
+                        : family == "mamba" ? v1::MODEL_FAMILY_MAMBA
+                                            : v1::MODEL_FAMILY_DENSE);
+  AddProgram("init", job.init, &spec);
+  AddProgram("step", job.step, &spec);
+  spec.set_state_count(job.num_state);
+  if (fields.contains("telemetry")) {
+    for (const auto& entry : fields.at("telemetry").list_value().values()) {
+      const auto& t = entry.struct_value().fields();
+      v1::TelemetryDeclaration* declared = spec.add_telemetry();
+      declared->set_name(t.contains("output") ? t.at("output").string_value() : "");
+      ASSIGN_OR_RETURN(v1::Combine combine, ParseCombineName(t.contains("combine")
+                                                                 ? t.at("combine").string_value()
+                                                                 : ""));
+      declared->set_combine(combine);
+      if (t.contains("shape")) {
+        for (const auto& d : t.at("shape").list_value().values()) {
+          declared->add_shape(static_cast<int64_t>(d.number_value()));
+        }
+      }
+    }
+  }
+  spec.set_telemetry_cadence(options.telemetry_cadence);
+  spec.set_steps(options.steps);
+  spec.mutable_data()->set_example_bundle(std::filesystem::absolute(job_json_path).string());
+  spec.mutable_data()->set_seed(job.seed);
+  int dp = 1, tp = 1, ep = 1;
+  for (size_t i = 0; i < job.mesh_axes.size(); ++i) {
+    const int size = static_cast<int>(job.mesh_shape[i]);
+    if (job.mesh_axes[i] == "data") dp = size;
+    if (job.mesh_axes[i] == "model") tp = size;
+    if (job.mesh_axes[i] == "expert") ep = size;
+  }
+  spec.mutable_mesh()->set_data_parallel(dp);
+  spec.mutable_mesh()->set_tensor_parallel(tp);
+  spec.mutable_mesh()->set_expert_parallel(ep);
+  return spec;
+}
+
+}  // namespace meshrun::services

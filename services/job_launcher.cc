@@ -1,0 +1,331 @@
+#include "services/job_launcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "coordinator/job_validation.h"
+#include "coordinator/mesh_planner.h"
+#include "services/proto_convert.h"
+#include "services/server_support.h"
+#include "worker/runtime/compile_options.h"
+
+namespace meshrun::services {
+namespace {
+
+using coordinator::WorkerEntry;
+using coordinator::WorkerInfo;
+
+// The hosts a job runs on: every eligible host for multi-process runtimes (TPU); one free
+// host for the single-process CPU plugin.
+std::vector<WorkerInfo> ChooseHosts(const std::vector<WorkerInfo>& eligible,
+                                    const std::set<std::string>& busy) {
+  if (eligible.empty() || eligible.front().runtime.platform_name != "cpu") return eligible;
+  for (const WorkerInfo& host : eligible) {
+    if (!busy.contains(host.host)) return {host};
+  }
+  return {};
+}
+
+}  // namespace
+
+JobLauncher::JobLauncher(Config config) : config_(config) {}
+
+JobLauncher::~JobLauncher() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void JobLauncher::Launch(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  threads_.emplace_back([this, job_id] {
+    absl::Status status = RunLaunch(job_id);
+    if (!status.ok()) {
+      absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
+      const std::string host = job.ok() ? job->failed_host() : "";
+      if (config_.jobs->Fail(job_id, host, std::string(status.message())).ok()) {
+        spdlog::warn("job {} FAILED: {}", job_id, status.ToString());
+        if (job.ok()) StopWorkers(*job);
+      }
+    }
+  });
+}
+
+v1::Worker::Stub& JobLauncher::WorkerStub(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<v1::Worker::Stub>& stub = stubs_[address];
+  if (stub == nullptr) stub = v1::Worker::NewStub(MakeChannel(address));
+  return *stub;
+}
+
+absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  const v1::JobSpec& spec = job.spec();
+
+  // PENDING -> ASSIGNED: pin, choose hosts, plan the mesh.
+  std::vector<WorkerInfo> alive;
+  for (const WorkerEntry& entry : config_.registry->List()) {
+    if (entry.state == coordinator::WorkerState::kAlive) alive.push_back(entry.info);
+  }
+  coordinator::PinResult pinned = coordinator::PinRuntime(alive, FromProto(spec.runtime_pin()));
+  if (pinned.eligible.empty()) {
+    std::vector<std::string> reasons;
+    for (const auto& e : pinned.excluded) reasons.push_back(e.host + ": " + e.reason);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no eligible worker for this job", reasons.empty() ? " (none registered)" : ": ",
+        absl::StrJoin(reasons, "; ")));
+  }
+  std::set<std::string> busy;
+  for (const v1::JobManifest& other : config_.jobs->List()) {
+    if (other.job_id() == job_id || coordinator::IsFinal(other.state())) continue;
+    for (const auto& [host, incarnation] : other.host_incarnations()) busy.insert(host);
+  }
+  std::vector<WorkerInfo> hosts = ChooseHosts(pinned.eligible, busy);
+  if (hosts.empty()) {
+    return absl::UnavailableError("every eligible worker is running another job; retry later");
+  }
+  ASSIGN_OR_RETURN(coordinator::MeshPlan plan,
+                   coordinator::PlanMesh({.dp = spec.mesh().data_parallel(),
+                                          .ep = spec.mesh().expert_parallel(),
+                                          .tp = spec.mesh().tensor_parallel()},
+                                         hosts));
+  RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
+    v1::MeshAssignment* mesh = m.mutable_mesh();
+    for (const std::string& axis : plan.axis_names) mesh->add_axis_names(axis);
+    for (int64_t size : plan.shape) mesh->add_shape(static_cast<int32_t>(size));
+    for (int32_t id : plan.device_ids) mesh->add_device_ids(id);
+    for (const std::string& host : plan.device_hosts) mesh->add_device_hosts(host);
+    *m.mutable_runtime() = ToProto(plan.runtime);
+    for (const WorkerInfo& host : hosts) {
+      (*m.mutable_host_incarnations())[host.host] = host.incarnation;
+      (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
+    }
+    m.set_compile_mode(coordinator::CompileMode(spec.model_family()));
+    if (spec.data().synthetic()) m.mutable_data_receipt()->set_synthetic(true);
+  }));
+  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
+  spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
+
+  // ASSIGNED -> LOADING: compile once per key.
+  if (config_.runtime == nullptr || !(config_.runtime->identity() == plan.runtime)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this coordinator cannot compile for runtime ", runtime::ToString(plan.runtime),
+        "; start meshrun-coordinator with --pjrt_plugin naming the same plugin file"));
+  }
+  std::vector<int64_t> device_ids(plan.device_ids.begin(), plan.device_ids.end());
+  ASSIGN_OR_RETURN(std::string options,
+                   runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids)));
+  bool all_hits = true;
+  absl::Duration compile_time;
+  std::map<std::string, coordinator::CachedExecutable> executables;  // by fingerprint
+  std::map<std::string, std::string> fingerprints;                  // role -> fingerprint
+  for (const v1::Program& program : spec.programs()) {
+    const std::string& program_options =
+        program.compile_options().empty() ? options : program.compile_options();
+    ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
+    const std::string key = coordinator::CacheKey(program.stablehlo(), program_options,
+                                                  plan.device_ids, plan.runtime);
+    ASSIGN_OR_RETURN(
+        auto result,
+        config_.cache->GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
+          ASSIGN_OR_RETURN(auto executable,
+                           config_.runtime->Compile({.code = program.stablehlo(),
+                                                     .format = "mlir",
+                                                     .compile_options = program_options,
+                                                     .signature = signature}));
+          return config_.runtime->Serialize(*executable);
+        }));
+    all_hits = all_hits && result.outcome == coordinator::ExecutableCache::Outcome::kHit;
+    compile_time += result.compile_time;
+    fingerprints[program.role()] = result.executable.sha256();
+    executables.emplace(result.executable.sha256(), result.executable);
+    spdlog::info("job {} program {}: {} ({} bytes, compile {})", job_id, program.role(),
+                 coordinator::ExecutableCache::OutcomeName(result.outcome),
+                 result.executable.size(), absl::FormatDuration(result.compile_time));
+  }
+  RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
+    m.set_cache_hit(all_hits);
+    m.set_compile_seconds(absl::ToDoubleSeconds(compile_time));
+    for (const auto& [role, fp] : fingerprints) (*m.mutable_program_fingerprints())[role] = fp;
+  }));
+  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING));
+
+  // Distribute, skipping what each worker already holds.
+  int64_t bytes_sent = 0;
+  for (const WorkerInfo& host : hosts) {
+    for (const auto& [fingerprint, executable] : executables) {
+      const auto& held = host.executable_fingerprints;
+      if (std::find(held.begin(), held.end(), fingerprint) != held.end()) continue;
+      absl::Status sent = SendExecutable(host.address, fingerprint, executable);
+      if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
+        spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
+                     sent.ToString());
+        sent = SendExecutable(host.address, fingerprint, executable);
+      }
+      if (!sent.ok()) {
+        config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host.host); })
+            .IgnoreError();
+        return absl::Status(sent.code(), absl::StrCat("loading executable on worker ", host.host,
+                                                      ": ", sent.message()));
+      }
+      bytes_sent += static_cast<int64_t>(executable.size());
+      config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
+    }
+  }
+  RETURN_IF_ERROR(config_.jobs->Update(
+      job_id, [&](v1::JobManifest& m) { m.set_executable_bytes_sent(bytes_sent); }));
+
+  // LOADING -> RUNNING: start every worker.
+  ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+  for (const WorkerInfo& host : hosts) {
+    v1::StartJobRequest request;
+    request.set_job_id(job_id);
+    *request.mutable_manifest() = job;
+    v1::StartJobResponse response;
+    auto context = ContextWithTimeout(config_.rpc_timeout);
+    absl::Status started =
+        FromGrpcStatus(WorkerStub(host.address).StartJob(context.get(), request, &response));
+    if (!started.ok()) {
+      config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host.host); })
+          .IgnoreError();
+      return absl::Status(started.code(), absl::StrCat("starting the job on worker ", host.host,
+                                                       ": ", started.message()));
+    }
+  }
+  absl::Status running = config_.jobs->Transition(job_id, v1::JOB_STATE_RUNNING);
+  // A worker may already have finished (tiny jobs) or the job was cancelled meanwhile.
+  if (!running.ok() && coordinator::IsFinal(config_.jobs->Get(job_id)->state())) {
+    return absl::OkStatus();
+  }
+  return running;
+}
+
+absl::Status JobLauncher::SendExecutable(const std::string& address,
+                                         const std::string& fingerprint,
+                                         const coordinator::CachedExecutable& executable) {
+  auto context = ContextWithTimeout(config_.rpc_timeout);
+  v1::LoadExecutableResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::LoadExecutableChunk>> writer =
+      WorkerStub(address).LoadExecutable(context.get(), &response);
+  uint64_t offset = 0;
+  absl::Status streamed =
+      executable.ForEachChunk(config_.chunk_bytes, [&](absl::string_view piece) -> absl::Status {
+        v1::LoadExecutableChunk chunk;
+        if (offset == 0) {
+          chunk.set_fingerprint(fingerprint);
+          chunk.set_total_bytes(static_cast<int64_t>(executable.size()));
+        }
+        chunk.set_offset(static_cast<int64_t>(offset));
+        chunk.set_data(std::string(piece));
+        offset += piece.size();
+        if (offset == executable.size()) chunk.set_sha256(executable.sha256());
+        if (!writer->Write(chunk)) return absl::UnavailableError("worker closed the stream");
+        return absl::OkStatus();
+      });
+  writer->WritesDone();
+  absl::Status finished = FromGrpcStatus(writer->Finish());
+  if (!finished.ok()) return finished;  // the worker's reason beats our write error
+  return streamed;
+}
+
+absl::Status JobLauncher::Cancel(const std::string& job_id) {
+  RETURN_IF_ERROR(config_.jobs->Cancel(job_id));
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  StopWorkers(job);
+  spdlog::info("job {} CANCELLED", job_id);
+  return absl::OkStatus();
+}
+
+void JobLauncher::StopWorkers(const v1::JobManifest& job) {
+  for (const WorkerEntry& entry : config_.registry->List()) {
+    auto it = job.host_incarnations().find(entry.info.host);
+    if (it == job.host_incarnations().end() || it->second != entry.info.incarnation ||
+        entry.state != coordinator::WorkerState::kAlive) {
+      continue;
+    }
+    v1::StopJobRequest request;
+    request.set_job_id(job.job_id());
+    v1::StopJobResponse response;
+    auto context = ContextWithTimeout(absl::Seconds(5));
+    grpc::Status status = WorkerStub(entry.info.address).StopJob(context.get(), request, &response);
+    if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+      spdlog::warn("stopping job {} on {}: {}", job.job_id(), entry.info.host,
+                   status.error_message());
+    }
+  }
+}
+
+absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(report.job_id()));
+  auto it = job.host_incarnations().find(report.host());
+  if (it == job.host_incarnations().end() || it->second != report.incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", report.host(), " incarnation ", report.incarnation(), " is not part of job ",
+        report.job_id()));
+  }
+  if (coordinator::IsFinal(job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", report.job_id(), " already ended ", coordinator::JobStateName(job.state())));
+  }
+  RETURN_IF_ERROR(config_.jobs->Update(report.job_id(), [&](v1::JobManifest& m) {
+    m.set_last_step(std::max(m.last_step(), report.last_step()));
+  }));
+  switch (report.state()) {
+    case v1::JOB_STATE_RUNNING:
+      return absl::OkStatus();
+    case v1::JOB_STATE_FAILED:
+    case v1::JOB_STATE_CANCELLED: {
+      const std::string error =
+          report.state() == v1::JOB_STATE_FAILED ? report.error() : "stopped by the worker";
+      RETURN_IF_ERROR(config_.jobs->Fail(report.job_id(), report.host(), error));
+      spdlog::warn("job {} FAILED on {}: {}", report.job_id(), report.host(), error);
+      StopWorkers(job);
+      return absl::OkStatus();
+    }
+    case v1::JOB_STATE_SUCCEEDED: {
+      bool all = false;
+      {
+        absl::MutexLock lock(&mu_);
+        std::set<std::string>& done = succeeded_hosts_[report.job_id()];
+        done.insert(report.host());
+        all = done.size() == static_cast<size_t>(job.host_incarnations_size());
+      }
+      if (!all) return absl::OkStatus();
+      // The launch thread may still be moving LOADING -> RUNNING; wait for it briefly.
+      for (int i = 0; i < 100 && config_.jobs->Get(report.job_id())->state() ==
+                                     v1::JOB_STATE_LOADING; ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      RETURN_IF_ERROR(config_.jobs->Transition(report.job_id(), v1::JOB_STATE_SUCCEEDED));
+      spdlog::info("job {} SUCCEEDED at step {}", report.job_id(), report.last_step());
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "state must be RUNNING, SUCCEEDED, FAILED or CANCELLED");
+  }
+}
+
+void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
+  const std::string error = absl::StrCat("worker ", dead.info.host, " (incarnation ",
+                                         dead.info.incarnation, ") is DEAD: ", dead.state_reason);
+  for (const std::string& job_id :
+       config_.jobs->FailJobsOnWorker(dead.info.host, dead.info.incarnation, error)) {
+    spdlog::warn("job {} FAILED: {}", job_id, error);
+    if (absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id); job.ok()) {
+      StopWorkers(*job);
+    }
+  }
+}
+
+}  // namespace meshrun::services

@@ -1,0 +1,83 @@
+// Drives each submitted job through its life on the coordinator:
+//   PENDING:   pick the eligible workers (runtime pin), plan the SPMD mesh;
+//   ASSIGNED:  compile every program once per cache key (coordinator's own runtime) or take it
+//              from the persistent executable cache;
+//   LOADING:   stream each executable in 1 MiB chunks to every worker of the job that does not
+//              already hold it, then start the job on each worker;
+//   RUNNING:   workers report progress; every worker SUCCEEDED -> SUCCEEDED; any failure, a
+//              dead worker or a cancel ends the job for all of them.
+// The CPU PJRT plugin is single-process, so a CPU job runs on one host (the first free eligible
+// one); a TPU job spans every eligible host of its pin.
+//
+// Lifetime: the registry, job table, cache and runtime must outlive the launcher; the
+// destructor waits for launches in progress (each bounded by its RPC deadlines).
+// Thread-safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/executable_cache.h"
+#include "coordinator/job_table.h"
+#include "coordinator/worker_registry.h"
+#include "meshrun/v1/coordinator.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/runtime/runtime.h"
+
+namespace meshrun::services {
+
+class JobLauncher {
+ public:
+  struct Config {
+    coordinator::WorkerRegistry* registry = nullptr;
+    coordinator::JobTable* jobs = nullptr;
+    coordinator::ExecutableCache* cache = nullptr;
+    runtime::Runtime* runtime = nullptr;  // compiles; null: this coordinator cannot compile
+    absl::Duration rpc_timeout = absl::Seconds(60);
+    size_t chunk_bytes = 1 << 20;         // executable transfer chunk, at most 1 MiB
+  };
+
+  explicit JobLauncher(Config config);
+  ~JobLauncher();
+
+  // Starts launching a PENDING job in the background.
+  void Launch(const std::string& job_id);
+
+  // Cancels the job and tells each of its workers to stop (bounded by rpc_timeout).
+  // Errors: as JobTable::Cancel.
+  absl::Status Cancel(const std::string& job_id);
+
+  // A worker's progress report. Errors: INVALID_ARGUMENT (state not RUNNING, SUCCEEDED,
+  // FAILED or CANCELLED), NOT_FOUND (job), FAILED_PRECONDITION (the incarnation is not one
+  // of the job's, or the job already ended).
+  absl::Status Report(const v1::ReportJobProgressRequest& report);
+
+  // Fails the unfinished jobs of a worker that was declared dead, naming it, and stops the
+  // job's other workers.
+  void OnWorkerDead(const coordinator::WorkerEntry& dead);
+
+ private:
+  absl::Status RunLaunch(const std::string& job_id);
+  absl::Status SendExecutable(const std::string& address, const std::string& fingerprint,
+                              const coordinator::CachedExecutable& executable);
+  void StopWorkers(const v1::JobManifest& job);
+  v1::Worker::Stub& WorkerStub(const std::string& address);
+
+  const Config config_;
+  absl::Mutex mu_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace meshrun::services

@@ -1,0 +1,63 @@
+#include "worker/executable_store.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace meshrun::worker {
+namespace {
+
+std::unique_ptr<ExecutableStore> NewStore(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/executable_store_test/" + name;
+  std::filesystem::remove_all(dir);
+  return ExecutableStore::Create(dir).value();
+}
+
+TEST(ExecutableStoreTest, ChunkedUploadBecomesVisibleWhenVerified) {
+  auto store = NewStore("ok");
+  const std::string bytes(2500000, 'x');
+  const std::string fp = Sha256Hex(bytes);
+  auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+  for (size_t offset = 0; offset < bytes.size(); offset += ExecutableStore::kMaxChunkBytes) {
+    ASSERT_TRUE(upload->Append(static_cast<int64_t>(offset),
+                               absl::string_view(bytes).substr(offset, ExecutableStore::kMaxChunkBytes))
+                    .ok());
+    EXPECT_FALSE(store->Has(fp)) << "not visible before commit";
+  }
+  ASSERT_TRUE(upload->Commit(fp).ok());
+  EXPECT_TRUE(store->Has(fp));
+  EXPECT_EQ(store->Read(fp).value(), bytes);
+  EXPECT_EQ(store->Fingerprints(), std::vector<std::string>{fp});
+}
+
+TEST(ExecutableStoreTest, TruncatedCorruptOrDisorderedTransfersLeaveNothing) {
+  auto store = NewStore("bad");
+  const std::string bytes = "serialized executable";
+  const std::string fp = Sha256Hex(bytes);
+  {
+    auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+    ASSERT_TRUE(upload->Append(0, bytes.substr(0, 5)).ok());
+    EXPECT_EQ(upload->Commit(fp).code(), absl::StatusCode::kDataLoss);
+  }
+  {
+    auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+    std::string corrupt = bytes;
+    corrupt[3] ^= 1;
+    ASSERT_TRUE(upload->Append(0, corrupt).ok());
+    const absl::Status status = upload->Commit(fp);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(status.message().find("checksum mismatch"), absl::string_view::npos);
+  }
+  {
+    auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+    EXPECT_EQ(upload->Append(4, bytes).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(upload->Append(0, std::string(ExecutableStore::kMaxChunkBytes + 1, 'x')).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_FALSE(store->Has(fp));
+  EXPECT_TRUE(store->Fingerprints().empty());
+  EXPECT_EQ(store->Begin("not-a-sha", 3).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshrun::worker

@@ -1,0 +1,272 @@
+// The worker's step loop: runs one job's compiled training steps on this host's devices, on a
+// thread of its own, with no network at all (no RPC per step).
+//
+//   init(seed) -> state on device
+//   for s = 1..steps:  take batch s (uploaded while step s-1 ran; batch s+1's upload is issued
+//                      before step s is launched), execute with the state donated, keep the state
+//                      outputs on device; on a logging step reduce the telemetry outputs on
+//                      device and read ONE fixed-shape f32 vector to the host.
+//
+// Telemetry (choice): a TelemetryReducer compiles a small StableHLO program, written as MLIR
+// text by the loop itself from the declared outputs' per-device shapes. It converts each output
+// to f32, combines it across the local devices with the declared combine, evaluates thresholds
+// into flags, and concatenates everything into one f32[K] vector; the loop copies that vector
+// from one device with a single ToHost. Non-logging steps make no device-to-host transfer.
+// Across-device semantics: an output whose sharding names no mesh axis (replicated) is the same
+// on every device, so its value is device 0's copy (no collective: `sum` of a replicated loss is
+// the loss, not devices x loss). An output sharded over mesh axes is combined element-wise over
+// the distinct shards this host holds (one representative device per shard, found from the mesh
+// coordinates), with an all_gather across the local devices; its shape is the per-device shard
+// shape. `last` takes the representative with the highest mesh partition. The combine across
+// HOSTS is the coordinator's (telemetry/combine.h), weighted by replica_count.
+// Threshold flag: set when some element of the combined value is not <= threshold (NaN trips
+// it); computed on device, the host only reads it.
+//
+// Thread-safety: StepLoop's public methods are safe to call concurrently from any thread.
+// Callbacks (sink, on_done) run on the loop's thread.
+// Lifetime: the Runtime and Metrics given in Config must outlive the StepLoop; executables are
+// shared and kept alive by the loop. The destructor stops the loop (Stop()).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "telemetry/cadence.h"
+#include "telemetry/combine.h"
+#include "worker/metrics.h"
+#include "worker/runtime/runtime.h"
+
+namespace meshrun::worker {
+
+// Where a job's batches come from. Next() returns the GLOBAL arrays of the next step's batch, in
+// the step's batch-input order; the loop shards them per local device.
+// Thread-safety: the loop calls Next() from its prefetch thread only, once per step, in step
+// order, never concurrently. Next() should not block indefinitely: Stop() waits for a call in
+// progress.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // Errors: any; the loop fails the step the batch was for with "step <s>: <message>".
+  virtual absl::StatusOr<std::vector<runtime::HostArray>> Next() = 0;
+};
+
+// One declared telemetry output of the step program.
+struct TelemetryOutput {
+  std::string name;  // a step output name, e.g. "metrics.loss"
+  telemetry::Combine combine = telemetry::Combine::kMean;
+  std::optional<double> threshold;    // a flag is raised when a value is not <= threshold
+  std::vector<std::string> sharding;  // mesh axis per output dimension; empty = replicated
+};
+
+// What the loop runs. All indices refer to the step program's per-device inputs/outputs.
+struct RunSpec {
+  std::string job_id;
+  std::string host;
+  int num_state = 0;   // step inputs/outputs [0, num_state) are the state, donated each step
+  uint64_t seed = 0;   // the init program's single scalar input (its declared integer dtype)
+  std::vector<std::string> mesh_axes;  // ("data",), ("data","model"), ...
+  std::vector<int64_t> mesh_shape;
+  // Global device id of each mesh partition, in partition order. Empty: the step executable's
+  // devices are partitions 0..n-1 in order (a single-host job).
+  std::vector<int64_t> device_ids;
+  // Per batch input (step inputs num_state..end): mesh axis per dimension, "" = not split.
+  std::vector<std::vector<std::string>> batch_sharding;
+  std::vector<TelemetryOutput> telemetry;
+  int64_t telemetry_cadence = 1;  // a logging step every N steps (telemetry/cadence.h)
+  int64_t steps = 0;
+  int replica_count = 1;          // data-parallel replicas on this host (weights the global mean)
+  bool synthetic_data = false;    // marked in every summary
+};
+
+// One telemetry series' value at one step on this host.
+struct TelemetryValue {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // row-major
+  bool threshold_exceeded = false;
+};
+
+// One host's summary of one logging step (meshrun.v1.HostSummary).
+struct HostStepSummary {
+  std::string job_id;
+  int64_t step = 0;
+  std::string host;
+  int replica_count = 1;
+  std::vector<TelemetryValue> values;  // in RunSpec::telemetry order
+  // Wall time of this step: from the loop starting it (waiting for its batch included) until
+  // its outputs were ready; the telemetry reduction is not included.
+  absl::Duration step_time;
+  absl::Time wall_time;  // when the summary was made (Config::clock)
+  bool synthetic_data = false;
+};
+
+enum class LoopOutcome { kSucceeded, kFailed, kCancelled };
+std::string LoopOutcomeName(LoopOutcome outcome);  // "SUCCEEDED", "FAILED", "CANCELLED"
+
+struct LoopResult {
+  LoopOutcome outcome = LoopOutcome::kSucceeded;
+  absl::Status error;               // set when kFailed: "step <s>: <plugin message>" (or "init: ...")
+  int64_t last_completed_step = 0;  // 0: no step completed
+};
+
+// Reduces declared telemetry outputs on device into one f32 vector (see the file comment).
+// Thread-safety: Reduce may be called from one thread at a time. Lifetime: borrows the Runtime
+// and Metrics, which must outlive it.
+class TelemetryReducer {
+ public:
+  struct Series {
+    std::string name;
+    runtime::ArrayShape shape;  // per device, as the step program returns it
+    telemetry::Combine combine = telemetry::Combine::kMean;
+    std::optional<double> threshold;
+    std::vector<std::string> sharding;  // empty = replicated
+  };
+  struct Config {
+    runtime::Runtime* runtime = nullptr;
+    // The step's devices (indices into runtime->addressable_devices()) and the mesh partition
+    // each runs, in the step executable's order.
+    std::vector<int> device_indices;
+    std::vector<int64_t> partitions;
+    std::vector<std::string> mesh_axes;
+    std::vector<int64_t> mesh_shape;
+    std::vector<Series> series;
+    Metrics* metrics = nullptr;  // receives CompileTime, ExecuteTime, TransferFromDevice*
+    Clock* clock = &RealClock();
+  };
+
+  // Writes and compiles the reduction program.
+  // Errors: INVALID_ARGUMENT (no series; a series with no elements, an unsupported dtype, a NaN
+  // threshold, or a sharding naming an unknown axis or longer than the shape; partitions not
+  // matching devices); the runtime's Compile errors.
+  static absl::StatusOr<std::unique_ptr<TelemetryReducer>> Create(Config config);
+
+  // per_device[d][i]: series i's buffer on config.device_indices[d]. Runs the program and makes
+  // exactly one device-to-host transfer.
+  // Errors: INVALID_ARGUMENT (wrong number of devices or buffers); the runtime's Execute / ToHost
+  // errors.
+  absl::StatusOr<std::vector<TelemetryValue>> Reduce(
+      absl::Span<const std::vector<runtime::DeviceBuffer*>> per_device);
+
+  const std::string& program() const { return program_; }  // the MLIR text
+  int num_replicas() const { return static_cast<int>(positions_.size()); }
+  int64_t output_elements() const { return output_elements_; }
+
+ private:
+  explicit TelemetryReducer(Config config) : config_(std::move(config)) {}
+
+  Config config_;
+  std::string program_;
+  std::unique_ptr<runtime::Executable> executable_;
+  std::vector<int> positions_;  // executable device order -> position in config.device_indices
+  int64_t output_elements_ = 0;
+};
+
+class StepLoop {
+ public:
+  // Must enqueue and return: it runs on the loop thread between steps, so any time it takes is
+  // training time. The loop records its duration under "TelemetrySinkTime" and logs a warning
+  // when one call exceeds Config::slow_sink_warning. Callbacks must not call Wait(); Stop() from
+  // a callback only cancels.
+  using SummarySink = std::function<void(HostStepSummary)>;
+  using DoneCallback = std::function<void(const LoopResult&)>;
+
+  struct Config {
+    runtime::Runtime* runtime = nullptr;  // borrowed; must outlive the loop
+    std::shared_ptr<const runtime::Executable> init;
+    std::shared_ptr<const runtime::Executable> step;  // needs its signature when telemetry is declared
+    RunSpec spec;
+    std::unique_ptr<BatchSource> batches;
+    SummarySink sink;       // may be empty
+    DoneCallback on_done;   // called exactly once, on the loop thread, when the loop ends
+    Metrics* metrics = nullptr;  // borrowed; null: the loop keeps its own
+    Clock* clock = &RealClock();
+    absl::Duration slow_sink_warning = absl::Milliseconds(5);
+  };
+
+  // Validates the spec against the executables and compiles the telemetry reducer.
+  // Errors: INVALID_ARGUMENT (missing runtime/executables/batch source; steps or replica_count
+  // < 1; telemetry_cadence < 1 (telemetry/cadence.h); num_state not matching init's outputs or
+  // larger than the step's; init and step on different devices; mesh axes/shape/device ids
+  // inconsistent; batch_sharding not matching the step's inputs; a telemetry output the step
+  // does not return, or declared without a step signature); the reducer's compile errors.
+  static absl::StatusOr<std::unique_ptr<StepLoop>> Create(Config config);
+  ~StepLoop();
+
+  // Starts the loop thread. Errors: FAILED_PRECONDITION when already started.
+  absl::Status Start();
+  // Asks the loop to end; returns at once. Honoured before init and between steps (a step in
+  // flight completes): the outcome is kCancelled with the last completed step.
+  void Cancel();
+  // Cancel(), then waits until the loop thread (and its prefetch thread) ended. Idempotent.
+  void Stop();
+  // Blocks until the loop ended (Start must have been called, else returns at once with an
+  // error result FAILED_PRECONDITION).
+  LoopResult Wait();
+  // The result once the loop ended.
+  std::optional<LoopResult> result() const;
+  int64_t last_completed_step() const;
+  // The metrics the loop records into (the shared registry when one was given).
+  std::vector<MetricValue> MetricsSnapshot() const;
+  // The reducer's program (empty when no telemetry is declared); for inspection.
+  std::string telemetry_program() const;
+
+ private:
+  using DeviceBuffers = std::vector<std::vector<std::unique_ptr<runtime::DeviceBuffer>>>;
+
+  StepLoop(Config config, telemetry::Cadence cadence);
+  void Run();
+  absl::Status RunSteps();
+  absl::Status Initialize();
+  absl::Status EmitTelemetry(int64_t step, absl::Duration step_time,
+                             const DeviceBuffers& outputs);
+  // The prefetch thread: uploads the batch of each requested step.
+  void PrefetchMain();
+  absl::StatusOr<DeviceBuffers> FetchBatch();
+  void RequestBatch(int64_t step);
+  // Waits for the batch of `step`; CANCELLED when the loop is cancelled while waiting.
+  absl::StatusOr<DeviceBuffers> TakeBatch(int64_t step);
+  bool cancelled() const;
+  bool PrefetchWork() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool BatchReadyOrCancelled() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool ResultReady() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  Config config_;
+  Metrics own_metrics_;
+  Metrics* metrics_;
+  telemetry::Cadence cadence_;
+  std::vector<int> devices_;          // the step's devices
+  std::vector<int64_t> partitions_;   // mesh partition of each
+  std::vector<int> telemetry_index_;  // step output index of each telemetry series
+  std::vector<int> donate_;
+  std::unique_ptr<TelemetryReducer> reducer_;
+  DeviceBuffers state_;  // [device][state input]; loop thread only
+
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id loop_thread_id_ ABSL_GUARDED_BY(mu_);
+  bool cancel_ ABSL_GUARDED_BY(mu_) = false;
+  bool prefetch_shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t prefetch_request_ ABSL_GUARDED_BY(mu_) = 0;  // step to fetch; 0 = none
+  int64_t prefetch_ready_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::StatusOr<DeviceBuffers>> prefetched_ ABSL_GUARDED_BY(mu_);
+  int64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<LoopResult> result_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex join_mu_;  // serializes Stop() callers
+  std::thread thread_;
+  std::thread prefetch_thread_;
+};
+
+}  // namespace meshrun::worker

@@ -1,0 +1,713 @@
+// The step loop against the real CPU PJRT plugin (8 devices) and the example jobs of examples/:
+// reference losses through the on-device telemetry reduction, the transfer discipline of
+// logging and non-logging steps, cancel, step failures, prefetch, and the metrics registry.
+#include "worker/step_loop.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "worker/metrics.h"
+#include "worker/runtime/backends.h"
+#include "worker/runtime/compile_options.h"
+#include "worker/runtime/example_job.h"
+
+namespace meshrun::worker {
+namespace {
+
+using runtime::DeviceBuffer;
+using runtime::DType;
+using runtime::ExampleJob;
+using runtime::Executable;
+using runtime::HostArray;
+using runtime::Runtime;
+using telemetry::Combine;
+
+// ---- shared fixture: one 8-device CPU runtime and the compiled example jobs ----
+
+struct CompiledJob {
+  ExampleJob job;
+  std::shared_ptr<const Executable> init;
+  std::shared_ptr<const Executable> step;
+};
+
+class StepLoopTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    plugin_ = new std::string(runtime::DefaultPjrtPluginPath());
+    struct stat st;
+    if (stat(plugin_->c_str(), &st) != 0) return;
+    static runtime::RuntimeRegistry registry;
+    if (registry.kinds().empty()) ASSERT_TRUE(runtime::RegisterRuntimes(registry).ok());
+    auto created = registry.Create(
+        "pjrt", runtime::RuntimeConfig{.plugin_path = *plugin_, .cpu_device_count = 8});
+    ASSERT_TRUE(created.ok()) << created.status();
+    runtime_ = created->release();
+    jobs_ = new std::map<std::string, CompiledJob>();
+  }
+  static void TearDownTestSuite() {
+    delete jobs_;
+    jobs_ = nullptr;
+    delete runtime_;
+    runtime_ = nullptr;
+    delete plugin_;
+  }
+  void SetUp() override {
+    if (runtime_ == nullptr) {
+      GTEST_SKIP() << "PJRT CPU plugin missing: " << *plugin_ << " (run scripts/fetch_pjrt.sh)";
+    }
+  }
+
+  // examples/<name>/job.json, compiled once per suite.
+  static const CompiledJob& Job(const std::string& name) {
+    auto it = jobs_->find(name);
+    if (it != jobs_->end()) return it->second;
+    auto job = runtime::LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) + "/examples/" + name +
+                                       "/job.json");
+    EXPECT_TRUE(job.ok()) << job.status();
+    CompiledJob out{*job, nullptr, nullptr};
+    auto options = runtime::BuildCompileOptions(runtime::SpmdCompileOptions(job->device_ids));
+    EXPECT_TRUE(options.ok()) << options.status();
+    auto init = runtime_->Compile({job->init.code, "mlir", *options, job->init.Signature()});
+    EXPECT_TRUE(init.ok()) << init.status();
+    auto step = runtime_->Compile({job->step.code, "mlir", *options, job->step.Signature()});
+    EXPECT_TRUE(step.ok()) << step.status();
+    out.init = std::move(*init);
+    out.step = std::move(*step);
+    return jobs_->emplace(name, std::move(out)).first->second;
+  }
+
+  // The job's run spec with the three scalar metrics declared as telemetry (mean).
+  static RunSpec SpecFor(const ExampleJob& job, int64_t steps, int64_t cadence) {
+    RunSpec spec{.job_id = "job-" + job.name,
+                 .host = "host-0",
+                 .num_state = job.num_state,
+                 .seed = job.seed,
+                 .mesh_axes = job.mesh_axes,
+                 .mesh_shape = job.mesh_shape,
+                 .device_ids = job.device_ids,
+                 .telemetry_cadence = cadence,
+                 .steps = steps,
+                 .replica_count = static_cast<int>(job.mesh_shape[0]),
+                 .synthetic_data = false};
+    for (const auto& a : job.data_arrays) spec.batch_sharding.push_back(a.sharding);
+    for (const char* name : {"metrics.loss", "metrics.grad_norm", "metrics.accuracy"}) {
+      const int index = job.OutputIndex(name);
+      spec.telemetry.push_back({.name = name,
+                                .combine = Combine::kMean,
+                                .sharding = job.step.outputs[index].sharding});
+    }
+    return spec;
+  }
+
+  static std::string* plugin_;
+  static Runtime* runtime_;
+  static std::map<std::string, CompiledJob>* jobs_;
+};
+
+std::string* StepLoopTest::plugin_ = nullptr;
+Runtime* StepLoopTest::runtime_ = nullptr;
+std::map<std::string, CompiledJob>* StepLoopTest::jobs_ = nullptr;
+
+// Cycles through an example job's batches; can fail, mis-shape or slow down a given step.
+class JobBatches : public BatchSource {
+ public:
+  struct Options {
+    int64_t fail_at = 0;       // Next() for this step returns an error
+    int64_t misshape_at = 0;   // this step's batch.x has the wrong global shape
+    absl::Duration delay;      // each Next() sleeps this long
+  };
+  JobBatches(const ExampleJob& job, Options options) : job_(job), options_(options) {}
+
+  absl::StatusOr<std::vector<HostArray>> Next() override {
+    const int64_t step = ++calls_;
+    if (options_.delay > absl::ZeroDuration()) absl::SleepFor(options_.delay);
+    if (step == options_.fail_at) return absl::UnavailableError("data shard 3 is unreadable");
+    std::vector<HostArray> batch = job_.batches[(step - 1) % job_.batches.size()];
+    if (step == options_.misshape_at) {
+      HostArray& x = batch.back();  // batch.x f32[32,16] -> f32[16,32]
+      std::swap(x.shape.dims[0], x.shape.dims[1]);
+    }
+    return batch;
+  }
+  int64_t calls() const { return calls_; }
+
+ private:
+  const ExampleJob& job_;
+  Options options_;
+  std::atomic<int64_t> calls_{0};
+};
+
+// What a sink would enqueue, plus the runtime's device-to-host count when each arrived.
+struct Collected {
+  absl::Mutex mu;
+  std::vector<HostStepSummary> summaries ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> device_to_host ABSL_GUARDED_BY(mu);
+  std::vector<LoopResult> done ABSL_GUARDED_BY(mu);
+};
+
+StepLoop::Config LoopConfig(Runtime* runtime, const CompiledJob& job, RunSpec spec,
+                            std::unique_ptr<BatchSource> batches, Collected* collected) {
+  StepLoop::Config config{.runtime = runtime,
+                          .init = job.init,
+                          .step = job.step,
+                          .spec = std::move(spec),
+                          .batches = std::move(batches)};
+  config.sink = [collected, runtime](HostStepSummary summary) {
+    const int64_t d2h = runtime->counters().device_to_host.count;
+    absl::MutexLock l(&collected->mu);
+    collected->summaries.push_back(std::move(summary));
+    collected->device_to_host.push_back(d2h);
+  };
+  config.on_done = [collected](const LoopResult& result) {
+    absl::MutexLock l(&collected->mu);
+    collected->done.push_back(result);
+  };
+  return config;
+}
+
+float Relative(float got, float want) { return std::fabs(got - want) / std::fabs(want); }
+
+// ---- reference losses through the loop ----
+
+class ReferenceLoss : public StepLoopTest, public testing::WithParamInterface<std::string> {};
+
+TEST_P(ReferenceLoss, LossesAtCadenceOneMatchJax) {
+  const CompiledJob& job = Job(GetParam());
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  const int64_t d2h_before = runtime_->counters().device_to_host.count;
+  Metrics metrics;
+  StepLoop::Config config = LoopConfig(runtime_, job, SpecFor(job.job, 20, 1),
+                                       std::make_unique<JobBatches>(job.job, JobBatches::Options{}),
+                                       &collected);
+  config.metrics = &metrics;
+  auto loop = StepLoop::Create(std::move(config));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(result.outcome, LoopOutcome::kSucceeded) << result.error;
+  EXPECT_EQ(result.last_completed_step, 20);
+
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.summaries.size(), 20u);
+  float worst = 0;
+  for (int s = 1; s <= 20; ++s) {
+    const HostStepSummary& summary = collected.summaries[s - 1];
+    EXPECT_EQ(summary.step, s);
+    EXPECT_EQ(summary.job_id, "job-" + GetParam());
+    EXPECT_EQ(summary.host, "host-0");
+    EXPECT_EQ(summary.replica_count, job.job.mesh_shape[0]);
+    EXPECT_FALSE(summary.synthetic_data);
+    EXPECT_GT(summary.step_time, absl::ZeroDuration());
+    EXPECT_GT(summary.wall_time, absl::UnixEpoch());
+    ASSERT_EQ(summary.values.size(), 3u);
+    EXPECT_EQ(summary.values[0].name, "metrics.loss");
+    EXPECT_TRUE(summary.values[0].shape.empty());
+    ASSERT_EQ(summary.values[0].values.size(), 1u);
+    const float loss = summary.values[0].values[0];
+    worst = std::max(worst, Relative(loss, job.job.reference_loss[s - 1]));
+    EXPECT_LE(Relative(loss, job.job.reference_loss[s - 1]), 1e-5f)
+        << "step " << s << ": loop " << loss << ", JAX " << job.job.reference_loss[s - 1];
+    EXPECT_LE(Relative(summary.values[1].values[0], job.job.reference_grad_norm[s - 1]), 1e-5f)
+        << "grad norm at step " << s;
+    EXPECT_FALSE(summary.values[0].threshold_exceeded);
+    // Exactly one device-to-host transfer per logging step, nothing else.
+    EXPECT_EQ(collected.device_to_host[s - 1], d2h_before + s);
+  }
+  ASSERT_EQ(collected.done.size(), 1u);
+  EXPECT_EQ(collected.done[0].outcome, LoopOutcome::kSucceeded);
+
+  // Metrics: 1 init + 20 steps + 20 reductions executed; D seeds + 20 x D x 2 batch shards up.
+  const int64_t devices = static_cast<int64_t>(job.job.device_ids.size());
+  EXPECT_EQ(metrics.Get(kSteps).count, 20);
+  EXPECT_EQ(metrics.Get(kTelemetryReads).count, 20);
+  EXPECT_EQ(metrics.Get(kExecuteTime).count, 41);
+  EXPECT_EQ(metrics.Get(kCompileTime).count, 1);  // the reduction program
+  EXPECT_EQ(metrics.Get(kTransferToDeviceBytes).count, devices + 20 * devices * 2);
+  EXPECT_EQ(metrics.Get(kTransferFromDeviceBytes).count, 20);
+  EXPECT_EQ(metrics.Get(kTransferFromDeviceBytes).total, 20 * 3 * 4);  // one f32[3] each
+  EXPECT_EQ(metrics.Get(kStepTime).count, 20);
+  std::printf("%s: 20 steps in %s, max relative loss difference %.3g\n%s", GetParam().c_str(),
+              absl::FormatDuration(elapsed).c_str(), worst,
+              MetricsReport(metrics.Snapshot()).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Mlp, ReferenceLoss,
+                         testing::Values("mlp_classifier/dp1", "mlp_classifier/dp8",
+                                         "mlp_classifier/dp4_tp2"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param.substr(info.param.find('/') + 1);
+                         });
+
+// ---- transfer discipline ----
+
+TEST_F(StepLoopTest, ThousandStepsAtCadenceHundredReadTelemetryTenTimes) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  const runtime::RuntimeCounters before = runtime_->counters();
+  auto loop = StepLoop::Create(LoopConfig(
+      runtime_, job, SpecFor(job.job, 1000, 100),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(result.outcome, LoopOutcome::kSucceeded) << result.error;
+  EXPECT_EQ(result.last_completed_step, 1000);
+  const runtime::RuntimeCounters after = runtime_->counters();
+  EXPECT_EQ(after.device_to_host.count - before.device_to_host.count, 10);
+  EXPECT_EQ(after.device_to_host.bytes - before.device_to_host.bytes, 10 * 3 * 4);
+  EXPECT_EQ(after.host_to_device.count - before.host_to_device.count, 1 + 1000 * 2);
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.summaries.size(), 10u);
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_EQ(collected.summaries[k].step, 100 * (k + 1));
+    // Between two logging steps (99 non-logging steps) nothing came to the host.
+    EXPECT_EQ(collected.device_to_host[k], before.device_to_host.count + k + 1);
+    EXPECT_TRUE(std::isfinite(collected.summaries[k].values[0].values[0]));
+  }
+  std::printf("1000 steps (10 logging) in %s\n", absl::FormatDuration(elapsed).c_str());
+}
+
+TEST_F(StepLoopTest, ThresholdsBecomeFlags) {
+  const CompiledJob& job = Job("mlp_classifier/dp8");
+  ASSERT_NE(job.step, nullptr);
+  RunSpec spec = SpecFor(job.job, 4, 2);
+  // Losses start near 2.1 and fall: a 1e9 threshold never trips, a 0 threshold always does.
+  spec.telemetry[0].threshold = 1e9;
+  spec.telemetry[1].threshold = 0.0;
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(runtime_, job, spec,
+                                          std::make_unique<JobBatches>(job.job,
+                                                                       JobBatches::Options{}),
+                                          &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  EXPECT_TRUE(absl::StrContains((*loop)->telemetry_program(), "stablehlo.compare LE"));
+  ASSERT_TRUE((*loop)->Start().ok());
+  EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.summaries.size(), 2u);
+  for (const HostStepSummary& summary : collected.summaries) {
+    EXPECT_FALSE(summary.values[0].threshold_exceeded);
+    EXPECT_TRUE(summary.values[1].threshold_exceeded);
+    EXPECT_FALSE(summary.values[2].threshold_exceeded);  // no threshold declared
+  }
+}
+
+// ---- cancel, stop, failures ----
+
+TEST_F(StepLoopTest, CancelFromTheSinkStopsBeforeTheNextStep) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  StepLoop* raw = nullptr;
+  StepLoop::Config config =
+      LoopConfig(runtime_, job, SpecFor(job.job, 1000, 10),
+                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+  config.sink = [&raw, &collected](HostStepSummary summary) {
+    if (summary.step == 50) raw->Cancel();
+    absl::MutexLock l(&collected.mu);
+    collected.summaries.push_back(std::move(summary));
+  };
+  auto loop = StepLoop::Create(std::move(config));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  raw = loop->get();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  EXPECT_EQ(result.outcome, LoopOutcome::kCancelled);
+  EXPECT_EQ(result.last_completed_step, 50);
+  EXPECT_TRUE(result.error.ok());
+  (*loop)->Stop();
+  absl::MutexLock l(&collected.mu);
+  EXPECT_EQ(collected.summaries.size(), 5u);
+  ASSERT_EQ(collected.done.size(), 1u);
+  EXPECT_EQ(collected.done[0].outcome, LoopOutcome::kCancelled);
+  EXPECT_EQ(collected.done[0].last_completed_step, 50);
+}
+
+TEST_F(StepLoopTest, StopFromAnotherThreadEndsARunningLoop) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  auto batches = std::make_unique<JobBatches>(job.job, JobBatches::Options{});
+  JobBatches* source = batches.get();
+  auto loop = StepLoop::Create(LoopConfig(runtime_, job, SpecFor(job.job, 1'000'000, 1000),
+                                          std::move(batches), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  while ((*loop)->last_completed_step() < 20) absl::SleepFor(absl::Milliseconds(1));
+  (*loop)->Stop();  // cancel + join
+  const std::optional<LoopResult> result = (*loop)->result();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, LoopOutcome::kCancelled);
+  EXPECT_GE(result->last_completed_step, 20);
+  EXPECT_LT(result->last_completed_step, 1'000'000);
+  // At most the batch of the step after the last completed one was fetched.
+  EXPECT_LE(source->calls(), result->last_completed_step + 1);
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.done.size(), 1u);
+  EXPECT_EQ(collected.done[0].last_completed_step, result->last_completed_step);
+}
+
+TEST_F(StepLoopTest, BatchSourceErrorFailsItsStep) {
+  const CompiledJob& job = Job("mlp_classifier/dp8");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(
+      runtime_, job, SpecFor(job.job, 40, 5),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{.fail_at = 17}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  EXPECT_EQ(result.outcome, LoopOutcome::kFailed);
+  EXPECT_EQ(result.last_completed_step, 16);
+  EXPECT_EQ(result.error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(result.error.message(), "step 17: data shard 3 is unreadable");
+  absl::MutexLock l(&collected.mu);
+  EXPECT_EQ(collected.summaries.size(), 3u);  // steps 5, 10, 15
+}
+
+TEST_F(StepLoopTest, WrongShapedBatchFailsItsStep) {
+  const CompiledJob& job = Job("mlp_classifier/dp8");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(
+      runtime_, job, SpecFor(job.job, 10, 1),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{.misshape_at = 6}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  EXPECT_EQ(result.outcome, LoopOutcome::kFailed);
+  EXPECT_EQ(result.last_completed_step, 5);
+  EXPECT_EQ(result.error.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(result.error.message(), "step 6: batch array 'batch.x'"))
+      << result.error;
+  EXPECT_TRUE(absl::StrContains(result.error.message(), "f32[16,32]")) << result.error;
+}
+
+TEST_F(StepLoopTest, CreateRefusesBadSpecs) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  auto make = [&](RunSpec spec) {
+    return StepLoop::Create(
+        {.runtime = runtime_,
+         .init = job.init,
+         .step = job.step,
+         .spec = std::move(spec),
+         .batches = std::make_unique<JobBatches>(job.job, JobBatches::Options{})});
+  };
+  RunSpec spec = SpecFor(job.job, 10, 0);
+  auto status = make(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "telemetry_cadence")) << status;
+
+  spec = SpecFor(job.job, 10, 1);
+  spec.telemetry.push_back({.name = "metrics.nope"});
+  status = make(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "'metrics.nope' is not an output")) << status;
+
+  spec = SpecFor(job.job, 10, 1);
+  spec.num_state -= 1;
+  EXPECT_EQ(make(spec).status().code(), absl::StatusCode::kInvalidArgument);
+
+  spec = SpecFor(job.job, 10, 1);
+  spec.batch_sharding.pop_back();
+  EXPECT_EQ(make(spec).status().code(), absl::StatusCode::kInvalidArgument);
+
+  spec = SpecFor(job.job, 10, 1);
+  spec.device_ids = {5};
+  EXPECT_EQ(make(spec).status().code(), absl::StatusCode::kInvalidArgument);
+
+  spec = SpecFor(job.job, 0, 1);
+  EXPECT_EQ(make(spec).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto loop = make(SpecFor(job.job, 1, 1));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  EXPECT_EQ((*loop)->Start().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+}
+
+// ---- prefetch ----
+
+// Forwards to a real runtime; counts ToDevice calls as they are issued and lets a hook run
+// after the step program's Execute finished but before its outputs are returned to the loop.
+class TracingRuntime final : public Runtime {
+ public:
+  explicit TracingRuntime(Runtime* real) : real_(real) {}
+  const runtime::RuntimeIdentity& identity() const override { return real_->identity(); }
+  const std::vector<runtime::DeviceDescription>& devices() const override {
+    return real_->devices();
+  }
+  const std::vector<runtime::DeviceDescription>& addressable_devices() const override {
+    return real_->addressable_devices();
+  }
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const runtime::ProgramSource& program) override {
+    return real_->Compile(program);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> ToDevice(const HostArray& array,
+                                                         int device_index) override {
+    ++to_device_calls;
+    return real_->ToDevice(array, device_index);
+  }
+  absl::StatusOr<HostArray> ToHost(const DeviceBuffer& buffer) override {
+    return real_->ToHost(buffer);
+  }
+  absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> Execute(
+      const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
+      const runtime::ExecuteOptions& options) override {
+    auto outputs = real_->Execute(executable, args, options);
+    if (&executable == step && after_step) after_step();
+    return outputs;
+  }
+  absl::StatusOr<runtime::MemoryStats> GetMemoryStats(absl::string_view name) override {
+    return real_->GetMemoryStats(name);
+  }
+  runtime::RuntimeCounters counters() const override { return real_->counters(); }
+
+  const Executable* step = nullptr;
+  std::function<void()> after_step;
+  std::atomic<int64_t> to_device_calls{0};
+
+ private:
+  Runtime* real_;
+};
+
+TEST_F(StepLoopTest, NextBatchUploadIsIssuedBeforeTheStepsOutputsAreAwaited) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  TracingRuntime tracing(runtime_);
+  tracing.step = job.step.get();
+  constexpr int kSteps = 6;
+  int steps_seen = 0;
+  std::vector<bool> overlapped;
+  // dp1: 1 seed upload, then 2 arrays per batch. When step k's Execute has finished, batch
+  // k+1's first upload must already have been issued (waited for up to 2 s: without prefetch
+  // it would never come while the loop thread is still inside Execute).
+  tracing.after_step = [&] {
+    const int k = ++steps_seen;
+    if (k == kSteps) return;
+    const int64_t want = 1 + 2 * k + 1;
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (tracing.to_device_calls.load() < want && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+    overlapped.push_back(tracing.to_device_calls.load() >= want);
+  };
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(
+      &tracing, job, SpecFor(job.job, kSteps, kSteps),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+  ASSERT_EQ(overlapped.size(), static_cast<size_t>(kSteps - 1));
+  for (int k = 0; k < kSteps - 1; ++k) EXPECT_TRUE(overlapped[k]) << "step " << k + 1;
+}
+
+TEST_F(StepLoopTest, SlowBatchesOverlapSlowSteps) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  constexpr int kSteps = 8;
+  constexpr absl::Duration kDelay = absl::Milliseconds(40);
+  TracingRuntime tracing(runtime_);
+  tracing.step = job.step.get();
+  tracing.after_step = [&] { absl::SleepFor(kDelay); };
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(
+      &tracing, job, SpecFor(job.job, kSteps, kSteps),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{.delay = kDelay}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*loop)->Start().ok());
+  EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+  const absl::Duration elapsed = absl::Now() - start;
+  // Serial: 8 x (40 + 40) ms = 640 ms. Overlapped: about 40 + 8 x 40 = 360 ms.
+  const absl::Duration serial = kSteps * 2 * kDelay;
+  EXPECT_LT(elapsed, serial * 0.8) << "took " << elapsed;
+  std::printf("8 steps of 40 ms with 40 ms batches: %s (serial would be >= %s)\n",
+              absl::FormatDuration(elapsed).c_str(), absl::FormatDuration(serial).c_str());
+}
+
+// ---- the reduction program across devices ----
+
+HostArray Bf16(std::vector<int64_t> dims, const std::vector<float>& values) {
+  std::vector<uint16_t> bits;
+  for (float v : values) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    bits.push_back(static_cast<uint16_t>(u >> 16));  // exact for these small values
+  }
+  return HostArray::From<uint16_t>(DType::kBF16, std::move(dims), bits);
+}
+
+TEST_F(StepLoopTest, ReducerCombinesDistinctShardsAcrossLocalDevices) {
+  // Mesh data=4 x model=2 over devices 0..7; partition p = (data p/2, model p%2).
+  std::vector<int> devices;
+  std::vector<int64_t> partitions;
+  for (int p = 0; p < 8; ++p) {
+    devices.push_back(p);
+    partitions.push_back(p);
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<TelemetryReducer::Series> series = {
+      // Replicated: every device holds 3; `sum` must not multiply it by the device count.
+      {"replicated_sum", {DType::kF32, {}}, Combine::kSum, 2.5, {}},
+      // Split over data: the 4 distinct shards are on partitions 0, 2, 4, 6.
+      {"data_mean", {DType::kF32, {2}}, Combine::kMean, 100.0, {"data"}},
+      // Split over model: distinct shards on partitions 0 and 1.
+      {"model_max", {DType::kS32, {3}}, Combine::kMax, std::nullopt, {"model"}},
+      {"data_min", {DType::kF32, {1}}, Combine::kMin, std::nullopt, {"data"}},
+      // Split over both: `last` is partition 7's.
+      {"both_last", {DType::kBF16, {2, 2}}, Combine::kLast, std::nullopt, {"data", "model"}},
+      {"nan_flag", {DType::kF32, {}}, Combine::kMean, 1.0, {}},
+  };
+  Metrics metrics;
+  auto reducer = TelemetryReducer::Create({.runtime = runtime_,
+                                           .device_indices = devices,
+                                           .partitions = partitions,
+                                           .mesh_axes = {"data", "model"},
+                                           .mesh_shape = {4, 2},
+                                           .series = series,
+                                           .metrics = &metrics});
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  EXPECT_EQ((*reducer)->num_replicas(), 8);
+  EXPECT_EQ((*reducer)->output_elements(), 1 + 2 + 3 + 1 + 4 + 1 + 3);  // values + 3 flags
+  EXPECT_TRUE(absl::StrContains((*reducer)->program(), "stablehlo.all_gather"));
+
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> owned(8);
+  std::vector<std::vector<DeviceBuffer*>> args(8);
+  for (int p = 0; p < 8; ++p) {
+    const float f = static_cast<float>(p);
+    const std::vector<HostArray> values = {
+        HostArray::From<float>(DType::kF32, {}, {3.0f}),
+        HostArray::From<float>(DType::kF32, {2}, {f, 10 * f}),
+        HostArray::From<int32_t>(DType::kS32, {3}, {p, -p, 7}),
+        HostArray::From<float>(DType::kF32, {1}, {5.0f - f}),
+        Bf16({2, 2}, {f, f + 1, f + 2, f + 3}),
+        HostArray::From<float>(DType::kF32, {}, {p == 0 ? nan : 0.0f}),
+    };
+    for (const HostArray& v : values) {
+      auto buffer = runtime_->ToDevice(v, p);
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      args[p].push_back(buffer->get());
+      owned[p].push_back(std::move(*buffer));
+    }
+  }
+  const int64_t d2h_before = runtime_->counters().device_to_host.count;
+  auto reduced = (*reducer)->Reduce(args);
+  ASSERT_TRUE(reduced.ok()) << reduced.status() << "\n" << (*reducer)->program();
+  EXPECT_EQ(runtime_->counters().device_to_host.count - d2h_before, 1);
+  const std::vector<TelemetryValue>& v = *reduced;
+  ASSERT_EQ(v.size(), series.size());
+  EXPECT_EQ(v[0].values, (std::vector<float>{3.0f}));
+  EXPECT_TRUE(v[0].threshold_exceeded);  // 3 > 2.5
+  EXPECT_EQ(v[1].values, (std::vector<float>{3.0f, 30.0f}));  // mean of p = 0, 2, 4, 6
+  EXPECT_FALSE(v[1].threshold_exceeded);
+  EXPECT_EQ(v[2].values, (std::vector<float>{1.0f, 0.0f, 7.0f}));  // max over p = 0, 1
+  EXPECT_EQ(v[3].values, (std::vector<float>{-1.0f}));             // min of 5 - p, p = 0..6 even
+  EXPECT_EQ(v[4].values, (std::vector<float>{7.0f, 8.0f, 9.0f, 10.0f}));
+  EXPECT_EQ(v[4].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_TRUE(std::isnan(v[5].values[0]));  // replicated: device 0's copy
+  EXPECT_TRUE(v[5].threshold_exceeded);     // NaN is not <= 1
+  EXPECT_EQ(metrics.Get(kTransferFromDeviceBytes).total, 15 * 4);
+
+  // Only replicated series: no collective, one device.
+  auto single = TelemetryReducer::Create({.runtime = runtime_,
+                                          .device_indices = devices,
+                                          .partitions = partitions,
+                                          .mesh_axes = {"data", "model"},
+                                          .mesh_shape = {4, 2},
+                                          .series = {series[0]}});
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ((*single)->num_replicas(), 1);
+  EXPECT_FALSE(absl::StrContains((*single)->program(), "all_gather"));
+  std::vector<std::vector<DeviceBuffer*>> first_only(8);
+  for (int p = 0; p < 8; ++p) first_only[p] = {args[p][0]};
+  auto one = (*single)->Reduce(first_only);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)[0].values, (std::vector<float>{3.0f}));
+
+  // Bad declarations.
+  auto bad = TelemetryReducer::Create({.runtime = runtime_,
+                                       .device_indices = devices,
+                                       .partitions = partitions,
+                                       .mesh_axes = {"data", "model"},
+                                       .mesh_shape = {4, 2},
+                                       .series = {{"x", {DType::kF32, {2}}, Combine::kSum,
+                                                   std::nullopt, {"expert"}}}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "unknown mesh axis 'expert'"));
+}
+
+// ---- metrics registry ----
+
+TEST(MetricsTest, TimersBytesAndCountersSnapshotAndReport) {
+  Metrics metrics;
+  metrics.AddTime(kExecuteTime, absl::Milliseconds(3));
+  metrics.AddTime(kExecuteTime, absl::Milliseconds(1));
+  metrics.AddBytes(kTransferToDeviceBytes, 1024);
+  metrics.AddBytes(kTransferToDeviceBytes, 2048);
+  metrics.Increment(kSteps);
+  metrics.Increment(kSteps, 4);
+  metrics.Increment(kExecuteTime);  // a different kind under a taken name is kept apart
+
+  const MetricValue execute = metrics.Get(kExecuteTime);
+  EXPECT_EQ(execute.kind, MetricKind::kTimer);
+  EXPECT_EQ(execute.count, 2);
+  EXPECT_DOUBLE_EQ(execute.total, 0.004);
+  EXPECT_DOUBLE_EQ(execute.min, 0.001);
+  EXPECT_DOUBLE_EQ(execute.max, 0.003);
+  EXPECT_EQ(execute.unit(), "seconds");
+  const MetricValue bytes = metrics.Get(kTransferToDeviceBytes);
+  EXPECT_EQ(bytes.count, 2);
+  EXPECT_EQ(bytes.total, 3072);
+  EXPECT_EQ(bytes.unit(), "bytes");
+  EXPECT_EQ(metrics.Get(kSteps).count, 5);
+  EXPECT_EQ(metrics.Get("ExecuteTime.counter").count, 1);
+  EXPECT_EQ(metrics.Get(kCacheHits).count, 0);
+
+  const std::vector<MetricValue> snapshot = metrics.Snapshot();
+  ASSERT_EQ(snapshot.size(), 4u);
+  EXPECT_EQ(snapshot[0].name, "ExecuteTime");
+  EXPECT_EQ(snapshot[3].name, "TransferToDeviceBytes");
+  const std::string report = MetricsReport(snapshot);
+  EXPECT_TRUE(absl::StrContains(report, "Metric: ExecuteTime\n  TotalSamples: 2\n"
+                                        "  Accumulator: 4ms\n"))
+      << report;
+  EXPECT_TRUE(absl::StrContains(report, "Counter: Steps\n  Value: 5\n")) << report;
+  EXPECT_TRUE(absl::StrContains(report, "Accumulator: 3.00KB")) << report;
+
+  // Concurrent recording loses nothing.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) metrics.Increment(kCacheHits);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(metrics.Get(kCacheHits).count, 4000);
+}
+
+}  // namespace
+}  // namespace meshrun::worker
