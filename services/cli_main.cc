@@ -1,7 +1,9 @@
 // meshrun: the command-line client.
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -9,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
@@ -29,6 +32,7 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
 ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
 ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
+ABSL_FLAG(int64_t, since_step, 0, "watch: first step to show (history first, then live)");
 
 namespace meshrun::services {
 namespace {
@@ -42,6 +46,7 @@ constexpr char kUsage[] =
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
+    "  watch <job-id>       live telemetry table with sparklines (--since_step)\n"
     "  version              print this build's version and protocol range\n";
 
 int Health(const std::vector<std::string>& args) {
@@ -223,6 +228,63 @@ int Cancel(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Eight-level bars of the last values, scaled to their own range.
+std::string Sparkline(const std::deque<float>& values) {
+  static const char* kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  if (values.empty()) return "";
+  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+  std::string out;
+  for (float v : values) {
+    const int level = *hi > *lo ? static_cast<int>((v - *lo) / (*hi - *lo) * 7.0f + 0.5f) : 0;
+    out += kBars[std::clamp(level, 0, 7)];
+  }
+  return out;
+}
+
+int Watch(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun watch <job-id>", 2);
+  auto stub = CoordinatorStub();
+  v1::WatchTelemetryRequest request;
+  request.set_job_id(args[2]);
+  request.set_since_step(absl::GetFlag(FLAGS_since_step));
+  grpc::ClientContext context;  // a watch lasts as long as the job: no deadline
+  auto reader = stub->WatchTelemetry(&context, request);
+  v1::GlobalSummary summary;
+  bool header = false;
+  std::deque<float> first_series;
+  while (reader->Read(&summary)) {
+    if (!header) {
+      std::printf("%8s", "STEP");
+      for (const v1::TelemetryValue& v : summary.values()) {
+        const std::string name = v.values_size() == 1 ? v.name() : v.name() + "(mean)";
+        std::printf(" %14s", name.substr(0, 14).c_str());
+      }
+      std::printf(" %10s  %s\n", "STEP_TIME", "TREND");
+      header = true;
+    }
+    std::printf("%8lld", static_cast<long long>(summary.step()));
+    for (const v1::TelemetryValue& v : summary.values()) {
+      double sum = 0;
+      for (float x : v.values()) sum += x;
+      const double shown = v.values_size() > 0 ? sum / v.values_size() : 0;
+      std::printf(" %13.6g%s", shown, v.threshold_exceeded() ? "!" : " ");
+    }
+    if (summary.values_size() > 0 && summary.values(0).values_size() > 0) {
+      first_series.push_back(summary.values(0).values(0));
+      if (first_series.size() > 24) first_series.pop_front();
+    }
+    std::printf(" %8.1fms  %s%s%s\n", summary.step_time_seconds() * 1e3,
+                Sparkline(first_series).c_str(), summary.partial() ? "  partial, missing: " : "",
+                absl::StrJoin(summary.missing_hosts(), ",").c_str());
+    std::fflush(stdout);
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    ExitWithError(absl::StrCat("watch ", args[2], ": ", status.error_message()), 1);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace meshrun::services
 
@@ -237,10 +299,11 @@ int main(int argc, char** argv) {
   if (command == "get") return Get(args);
   if (command == "list") return List();
   if (command == "cancel") return Cancel(args);
+  if (command == "watch") return Watch(args);
   if (command == "version") {
     std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, version", 2);
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -83,6 +84,9 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
   RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
   response->set_job_id(jobs_->Add(request.spec()));
+  if (!request.spec().telemetry().empty()) {
+    RETURN_IF_ERROR(telemetry_->DeclareJob(response->job_id(), request.spec()));
+  }
   spdlog::info("job {} ({}) submitted: {} steps", response->job_id(), request.spec().name(),
                request.spec().steps());
   launcher_->Launch(response->job_id());
@@ -169,6 +173,135 @@ void CoordinatorRpcHandler::WaitAtBarrier(const v1::WaitAtBarrierRequest& reques
                      std::move(done));
 }
 
+// A worker's telemetry stream: each summary is committed, then acknowledged with the host's
+// persisted step. One ack write is in flight at a time; newer acks of a job replace older
+// queued ones, so a slow reader costs nothing but coalesced acks.
+class CoordinatorServer::UploadReactor final
+    : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
+ public:
+  explicit UploadReactor(CoordinatorTelemetry* telemetry) : telemetry_(telemetry) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      FinishIfIdleLocked(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<int64_t> persisted = telemetry_->Accept(in_);
+    absl::MutexLock lock(&mu_);
+    if (!persisted.ok()) {
+      reads_done_ = true;
+      FinishIfIdleLocked(ToGrpcStatus(persisted.status()));
+      return;
+    }
+    pending_[in_.job_id()] = *persisted;
+    WriteNextLocked();
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) pending_.clear();  // the client is gone; its reads will end too
+    WriteNextLocked();
+    FinishIfIdleLocked(final_status_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || pending_.empty() || finished_) return;
+    auto it = pending_.begin();
+    out_.set_job_id(it->first);
+    out_.set_persisted_through_step(it->second);
+    pending_.erase(it);
+    writing_ = true;
+    StartWrite(&out_);
+  }
+  void FinishIfIdleLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!status.ok()) final_status_ = status;
+    if (finished_ || !reads_done_ || writing_ || (!pending_.empty() && final_status_.ok())) {
+      return;
+    }
+    finished_ = true;
+    Finish(final_status_);
+  }
+
+  CoordinatorTelemetry* const telemetry_;
+  v1::HostSummary in_;
+  absl::Mutex mu_;
+  v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// A dashboard's watch: summaries from the hub's bounded per-watcher queue, one write in
+// flight; the hub wakes the reactor when more arrive.
+class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
+ public:
+  explicit WatchReactor(std::shared_ptr<telemetry::Watcher> watcher)
+      : watcher_(std::move(watcher)) {
+    watcher_->SetNotify([this] { Pump(); });
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher gone"));
+    }
+    Pump();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher cancelled"));
+  }
+  void OnDone() override {
+    watcher_->SetNotify(nullptr);  // after this the hub never calls Pump again
+    delete this;
+  }
+
+ private:
+  void Pump() {
+    absl::MutexLock lock(&mu_);
+    if (writing_ || finished_) return;
+    if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    telemetry::Watcher::PopResult next = watcher_->TryPop();
+    switch (next.kind) {
+      case telemetry::Watcher::Kind::kItem:
+        out_ = std::move(next.summary);
+        writing_ = true;
+        StartWrite(&out_);
+        return;
+      case telemetry::Watcher::Kind::kEmpty:
+        return;
+      case telemetry::Watcher::Kind::kEnd:
+        return FinishLocked(ToGrpcStatus(next.status));
+    }
+  }
+  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  std::shared_ptr<telemetry::Watcher> watcher_;
+  absl::Mutex mu_;
+  v1::GlobalSummary out_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // The thin callback-API adapter.
 class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
  public:
@@ -223,6 +356,31 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                               const v1::ReportJobProgressRequest* request,
                                               v1::ReportJobProgressResponse* response) override {
     return FinishUnary(context, [&] { return handler_->ReportJobProgress(*request, response); });
+  }
+  grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
+      grpc::CallbackServerContext*) override {
+    return new UploadReactor(&handler_->telemetry());
+  }
+  grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
+      grpc::CallbackServerContext*, const v1::WatchTelemetryRequest* request) override {
+    absl::StatusOr<std::shared_ptr<telemetry::Watcher>> watcher =
+        request->job_id().empty()
+            ? absl::InvalidArgumentError("job_id is empty")
+            : handler_->telemetry().hub().Subscribe(
+                  {.job_id = request->job_id(),
+                   .since_step = request->since_step(),
+                   .names = {request->names().begin(), request->names().end()},
+                   .host_detail = request->host_detail()});
+    if (!watcher.ok()) {
+      // A reactor that only reports the refusal.
+      class Refusal final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
+       public:
+        explicit Refusal(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+        void OnDone() override { delete this; }
+      };
+      return new Refusal(watcher.status());
+    }
+    return new WatchReactor(std::move(*watcher));
   }
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
                                         const v1::KeyValueSetRequest* request,
@@ -291,13 +449,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
     ASSIGN_OR_RETURN(server->runtime_, CreatePjrtRuntime(config.pjrt_plugin, config.cpu_devices));
     spdlog::info("coordinator compiles with {}", runtime::ToString(server->runtime_->identity()));
   }
+  ASSIGN_OR_RETURN(server->telemetry_,
+                   CoordinatorTelemetry::Create({.database = config.state_dir + "/telemetry.db",
+                                                 .grace = config.telemetry_grace}));
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
                           .jobs = server->jobs_.get(),
                           .cache = server->cache_.get(),
-                          .runtime = server->runtime_.get()});
+                          .runtime = server->runtime_.get(),
+                          .telemetry = server->telemetry_.get()});
   server->handler_ = std::make_unique<CoordinatorRpcHandler>(
-      server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get());
+      server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
+      server->telemetry_.get());
   server->service_ = std::make_unique<Service>(server->handler_.get());
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", config.listen, {server->service_.get()}));

@@ -34,8 +34,11 @@ namespace meshrun::services {
 class CoordinatorRpcHandler {
  public:
   CoordinatorRpcHandler(coordinator::WorkerRegistry* registry, coordinator::KeyValueStore* kv,
-                        coordinator::JobTable* jobs, JobLauncher* launcher)
-      : registry_(registry), kv_(kv), jobs_(jobs), launcher_(launcher) {}
+                        coordinator::JobTable* jobs, JobLauncher* launcher,
+                        CoordinatorTelemetry* telemetry)
+      : registry_(registry), kv_(kv), jobs_(jobs), launcher_(launcher), telemetry_(telemetry) {}
+
+  CoordinatorTelemetry& telemetry() { return *telemetry_; }
 
   // Once set, registrations are refused with UNAVAILABLE.
   void SetDraining() { draining_ = true; }
@@ -77,6 +80,7 @@ class CoordinatorRpcHandler {
   coordinator::KeyValueStore* const kv_;
   coordinator::JobTable* const jobs_;
   JobLauncher* const launcher_;
+  CoordinatorTelemetry* const telemetry_;
   std::atomic<bool> draining_{false};
 };
 
@@ -91,6 +95,7 @@ class CoordinatorServer {
     std::string pjrt_plugin;
     int64_t cpu_devices = 8;  // CPU plugin only: devices of the compiling client
     uint64_t cache_max_bytes = uint64_t{16} << 30;
+    absl::Duration telemetry_grace = absl::Seconds(5);  // wait for hosts before "partial"
     Clock* clock = &RealClock();
   };
 
@@ -107,6 +112,8 @@ class CoordinatorServer {
 
  private:
   class Service;
+  class UploadReactor;
+  class WatchReactor;
   CoordinatorServer() = default;
   void SweepLiveness();
 
@@ -115,6 +122,7 @@ class CoordinatorServer {
   std::unique_ptr<coordinator::JobTable> jobs_;
   std::unique_ptr<coordinator::ExecutableCache> cache_;
   std::unique_ptr<runtime::Runtime> runtime_;
+  std::unique_ptr<CoordinatorTelemetry> telemetry_;
   std::unique_ptr<JobLauncher> launcher_;
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;

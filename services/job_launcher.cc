@@ -57,6 +57,7 @@ void JobLauncher::Launch(const std::string& job_id) {
         spdlog::warn("job {} FAILED: {}", job_id, status.ToString());
         if (job.ok()) StopWorkers(*job);
       }
+      Finished(job_id);
     }
   });
 }
@@ -185,8 +186,11 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   RETURN_IF_ERROR(config_.jobs->Update(
       job_id, [&](v1::JobManifest& m) { m.set_executable_bytes_sent(bytes_sent); }));
 
-  // LOADING -> RUNNING: start every worker.
+  // LOADING -> RUNNING: collect telemetry first, then start every worker.
   ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+  if (config_.telemetry != nullptr && !spec.telemetry().empty()) {
+    RETURN_IF_ERROR(config_.telemetry->StartJob(job));
+  }
   for (const WorkerInfo& host : hosts) {
     v1::StartJobRequest request;
     request.set_job_id(job_id);
@@ -242,6 +246,7 @@ absl::Status JobLauncher::Cancel(const std::string& job_id) {
   RETURN_IF_ERROR(config_.jobs->Cancel(job_id));
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
   StopWorkers(job);
+  Finished(job_id);
   spdlog::info("job {} CANCELLED", job_id);
   return absl::OkStatus();
 }
@@ -290,6 +295,7 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
       RETURN_IF_ERROR(config_.jobs->Fail(report.job_id(), report.host(), error));
       spdlog::warn("job {} FAILED on {}: {}", report.job_id(), report.host(), error);
       StopWorkers(job);
+      Finished(report.job_id());
       return absl::OkStatus();
     }
     case v1::JOB_STATE_SUCCEEDED: {
@@ -308,6 +314,7 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
       }
       RETURN_IF_ERROR(config_.jobs->Transition(report.job_id(), v1::JOB_STATE_SUCCEEDED));
       spdlog::info("job {} SUCCEEDED at step {}", report.job_id(), report.last_step());
+      Finished(report.job_id());
       return absl::OkStatus();
     }
     default:
@@ -325,7 +332,14 @@ void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
     if (absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id); job.ok()) {
       StopWorkers(*job);
     }
+    Finished(job_id);
   }
+}
+
+void JobLauncher::Finished(const std::string& job_id) {
+  if (config_.telemetry != nullptr) config_.telemetry->EndJob(job_id);
+  absl::MutexLock lock(&mu_);
+  succeeded_hosts_.erase(job_id);
 }
 
 }  // namespace meshrun::services

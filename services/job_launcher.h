@@ -32,6 +32,7 @@
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "services/coordinator_telemetry.h"
 #include "worker/runtime/runtime.h"
 
 namespace meshrun::services {
@@ -43,6 +44,7 @@ class JobLauncher {
     coordinator::JobTable* jobs = nullptr;
     coordinator::ExecutableCache* cache = nullptr;
     runtime::Runtime* runtime = nullptr;  // compiles; null: this coordinator cannot compile
+    CoordinatorTelemetry* telemetry = nullptr;  // collects the jobs' summaries; may be null
     absl::Duration rpc_timeout = absl::Seconds(60);
     size_t chunk_bytes = 1 << 20;         // executable transfer chunk, at most 1 MiB
   };
@@ -71,6 +73,8 @@ class JobLauncher {
   absl::Status SendExecutable(const std::string& address, const std::string& fingerprint,
                               const coordinator::CachedExecutable& executable);
   void StopWorkers(const v1::JobManifest& job);
+  // Called once a job reached a final state: its telemetry ends after what is pending.
+  void Finished(const std::string& job_id);
   v1::Worker::Stub& WorkerStub(const std::string& address);
 
   const Config config_;

@@ -5,6 +5,7 @@
 #include "absl/status/statusor.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "worker/runtime/types.h"
+#include "worker/step_loop.h"
 #include "worker/runtime/identity.h"
 
 namespace meshrun::services {
@@ -19,6 +20,8 @@ v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info);
 coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration);
 
 v1::WorkerState ToProto(coordinator::WorkerState state);
+
+v1::HostSummary ToProto(const worker::HostStepSummary& summary);
 
 // The per-device signature a program declares (its tensors' shard shapes).
 // Errors: INVALID_ARGUMENT naming a tensor with an unknown dtype.

@@ -151,6 +151,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   }
   RETURN_IF_ERROR(PrepareStateDir("state_dir", config.state_dir));
   std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(config)));
+  server->uploader_ = std::make_unique<TelemetryUploader>(
+      TelemetryUploader::Config{.coordinator = server->config_.coordinator});
   ASSIGN_OR_RETURN(server->executables_,
                    worker::ExecutableStore::Create(server->config_.state_dir + "/executables"));
   if (!server->config_.pjrt_plugin.empty()) {
@@ -280,6 +282,7 @@ void WorkerServer::Drain(absl::Duration deadline) {
   }
   if (job != nullptr) job->loop->Stop();
   for (std::thread& t : reporters) t.join();
+  uploader_.reset();  // stops its stream; what was not acknowledged is lost with the process
   stop_loop_.Notify();
   loop_.join();
   if (registered_) {
@@ -418,13 +421,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
            .step = std::move(step),
            .spec = std::move(run),
            .batches = std::make_unique<ExampleBundleBatches>(std::move(bundle.batches)),
-           .sink = [job_id](worker::HostStepSummary summary) {
-             std::vector<std::string> parts;
-             for (const worker::TelemetryValue& v : summary.values) {
-               if (v.values.size() == 1) parts.push_back(absl::StrCat(v.name, "=", v.values[0]));
-             }
-             spdlog::info("job {} step {}: {} ({})", job_id, summary.step,
-                          absl::StrJoin(parts, " "), absl::FormatDuration(summary.step_time));
+           .sink = [this](worker::HostStepSummary summary) {
+             uploader_->Enqueue(ToProto(summary));
            },
            .on_done =
                [this, job_id](const worker::LoopResult& result) {
@@ -472,6 +470,10 @@ void WorkerServer::ReportOutcome(const std::string& job_id, const worker::LoopRe
   spdlog::info("job {} ended {} after step {}{}", job_id, worker::LoopOutcomeName(result.outcome),
                result.last_completed_step,
                result.error.ok() ? "" : ": " + std::string(result.error.message()));
+  // The job's last summaries go before its outcome: the coordinator stops collecting then.
+  if (!uploader_->Flush(job_id, absl::Seconds(10))) {
+    spdlog::warn("job {}: telemetry not all acknowledged before reporting the outcome", job_id);
+  }
   // The outcome must not be lost to a short outage: retry while the coordinator is unreachable.
   for (int attempt = 0; attempt < 30 && !stop_loop_.HasBeenNotified(); ++attempt) {
     v1::ReportJobProgressResponse response;

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "services/telemetry_uploader.h"
 #include "worker/executable_store.h"
 #include "worker/host_identity.h"
 #include "worker/metrics.h"
@@ -85,6 +86,7 @@ class WorkerServer {
   std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin
   std::unique_ptr<worker::ExecutableStore> executables_;
   worker::Metrics metrics_;
+  std::unique_ptr<TelemetryUploader> uploader_;
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);
   std::vector<std::thread> reporters_ ABSL_GUARDED_BY(job_mu_);

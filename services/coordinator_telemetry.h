@@ -1,0 +1,61 @@
+// The coordinator's telemetry path: host summaries are validated and combined per step
+// (telemetry/step_combiner), persisted (telemetry/history_store, SQLite) and fanned out to
+// watchers (telemetry/watch_hub). A host summary is acknowledged only once it is committed.
+//
+// Lifetime: Create() starts a timer thread for grace deadlines; the destructor stops it.
+// Thread-safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "meshrun/v1/job.pb.h"
+#include "meshrun/v1/telemetry.pb.h"
+#include "telemetry/history_store.h"
+#include "telemetry/step_combiner.h"
+#include "telemetry/watch_hub.h"
+
+namespace meshrun::services {
+
+class CoordinatorTelemetry {
+ public:
+  struct Config {
+    std::string database;                      // SQLite file of the telemetry history
+    absl::Duration grace = absl::Seconds(5);   // wait for missing hosts before "partial"
+    size_t watcher_capacity = 1024;            // summaries queued per watcher
+  };
+
+  // Errors: those of HistoryStore::Create (the database path named).
+  static absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> Create(Config config);
+  ~CoordinatorTelemetry();
+
+  // Makes a submitted job watchable at once (its watchers wait for the first summary).
+  // Errors: INVALID_ARGUMENT (bad declarations), ALREADY_EXISTS.
+  absl::Status DeclareJob(const std::string& job_id, const v1::JobSpec& spec);
+  // Starts collecting a declared job's summaries from the hosts of its mesh.
+  // Errors: INVALID_ARGUMENT (no hosts or bad declarations), ALREADY_EXISTS.
+  absl::Status StartJob(const v1::JobManifest& job);
+  // Emits what is pending (partial where hosts are missing) and ends the job's watchers.
+  void EndJob(const std::string& job_id);
+
+  // Validates, combines and commits one host summary; returns the host's persisted step.
+  // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's.
+  absl::StatusOr<int64_t> Accept(const v1::HostSummary& summary);
+
+  telemetry::WatchHub& hub() { return *hub_; }
+
+ private:
+  CoordinatorTelemetry() = default;
+  void PollLoop();
+
+  std::unique_ptr<telemetry::HistoryStore> history_;
+  std::unique_ptr<telemetry::WatchHub> hub_;
+  std::unique_ptr<telemetry::StepCombiner> combiner_;
+  absl::Notification stop_;
+  std::thread poller_;
+};
+
+}  // namespace meshrun::services

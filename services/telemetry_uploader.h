@@ -1,0 +1,66 @@
+// The worker's side of the telemetry stream: summaries are queued without blocking (the step
+// loop never waits for the network), sent in order on one long-lived UploadTelemetry stream,
+// and kept until the coordinator acknowledges them as persisted. While the coordinator is
+// unreachable they stay queued — bounded: past `capacity` the oldest is dropped and counted —
+// and everything unacknowledged is resent on reconnect (the coordinator ignores duplicates).
+//
+// Lifetime: starts its sender thread on construction; the destructor stops it (bounded).
+// Thread-safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+
+namespace meshrun::services {
+
+class TelemetryUploader {
+ public:
+  struct Config {
+    std::string coordinator;                         // host:port
+    size_t capacity = 4096;                          // summaries kept while unacknowledged
+    absl::Duration reconnect_delay = absl::Milliseconds(500);
+  };
+
+  explicit TelemetryUploader(Config config);
+  ~TelemetryUploader();
+
+  // Never blocks on the network.
+  void Enqueue(v1::HostSummary summary);
+
+  // Waits until every queued summary of `job_id` is acknowledged; false after `timeout`.
+  bool Flush(const std::string& job_id, absl::Duration timeout);
+
+  int64_t dropped() const;
+
+ private:
+  struct Entry {
+    v1::HostSummary summary;
+    bool sent = false;
+  };
+  void SendLoop();
+  // One stream's life: returns when it broke or the uploader stops.
+  void RunStream();
+  bool HasUnsentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Config config_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  mutable absl::Mutex mu_;
+  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_reading_ ABSL_GUARDED_BY(mu_) = false;  // the current stream's reads ended
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;  // to cancel on stop
+  std::thread sender_;
+};
+
+}  // namespace meshrun::services
