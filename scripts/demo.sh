@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: sets up, builds, starts a coordinator and two workers on loopback, shows them
-# registered, then drains the cluster with SIGTERM. MESHRUN_DEMO_KEEP=1 keeps it running
-# until Ctrl-C.
+# The main job: sets up, builds, starts a coordinator and two workers on loopback (8 CPU
+# devices each, XLA's CPU PJRT plugin), submits the byte-level transformer LM (SPMD over 8
+# devices), prints its telemetry live (loss, grad norm, sink mass, step time), ends with the
+# job manifest, then drains the cluster with SIGTERM. MESHRUN_DEMO_STEPS sets the step count;
+# MESHRUN_DEMO_KEEP=1 keeps the cluster running until Ctrl-C.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -25,12 +27,23 @@ port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$run/coordinator.log" |
 echo "demo: coordinator on 127.0.0.1:$port (logs in $run)"
 for w in 0 1; do
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
-    --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" \
+    --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" --cpu_devices=8 \
     >"$run/worker-$w.log" 2>&1 &
   pids+=($!)
 done
 "$bin/meshrun" health "127.0.0.1:$port"
 "$bin/meshrun" --coordinator="127.0.0.1:$port" workers --expect=2 --wait=30s
+cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
+job=$(cli submit "$root/examples/transformer_lm/dp8/job.json" \
+  --steps="${MESHRUN_DEMO_STEPS:-200}" --cadence=10)
+echo "demo: submitted $job (compiling once, then streaming the executable to a worker)"
+cli watch "$job" | tee "$run/telemetry.txt"
+echo "demo: manifest of $job"
+cli get "$job" | tee "$run/manifest.txt"
+awk 'NR > 1 && $1 ~ /^[0-9]+$/ { if (!first) first = $2; last = $2 }
+     END { if (first) printf "demo: loss %.4f -> %.4f (%.0f%% lower)\n", first, last, 100 * (first - last) / first }' \
+  "$run/telemetry.txt"
+grep -q "state: JOB_STATE_SUCCEEDED" "$run/manifest.txt" || { echo "demo: the job did not succeed"; exit 1; }
 if [ "${MESHRUN_DEMO_KEEP:-0}" = "1" ]; then
   echo "demo: running; try: $bin/meshrun --coordinator=127.0.0.1:$port workers   (Ctrl-C stops)"
   wait "${pids[0]}"
