@@ -47,6 +47,8 @@ constexpr char kUsage[] =
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
     "  watch <job-id>       live telemetry table with sparklines (--since_step)\n"
+    "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
+    "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
     "  version              print this build's version and protocol range\n";
 
 int Health(const std::vector<std::string>& args) {
@@ -228,6 +230,54 @@ int Cancel(const std::vector<std::string>& args) {
   return 0;
 }
 
+int Metrics(const std::vector<std::string>& args) {
+  auto stub = CoordinatorStub();
+  v1::GetMetricsRequest request;
+  if (args.size() > 2) request.set_host(args[2]);
+  v1::GetMetricsResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout) + absl::Seconds(5));
+  CheckCall(stub->GetMetrics(context.get(), request, &response), "metrics");
+  for (const v1::HostMetrics& host : response.hosts()) {
+    std::printf("== %s\n", host.host().c_str());
+    for (const v1::Metric& m : host.metrics()) {
+      if (m.unit() == "seconds") {
+        std::printf("Metric: %s\n  TotalSamples: %lld\n  Accumulator: %.6fs\n", m.name().c_str(),
+                    static_cast<long long>(m.count()), m.total());
+      } else if (m.unit() == "bytes") {
+        std::printf("Metric: %s\n  TotalSamples: %lld\n  Accumulator: %.0f bytes\n",
+                    m.name().c_str(), static_cast<long long>(m.count()), m.total());
+      } else {
+        std::printf("Counter: %s\n  Value: %lld\n", m.name().c_str(),
+                    static_cast<long long>(m.count()));
+      }
+    }
+  }
+  return 0;
+}
+
+int Memory(const std::vector<std::string>& args) {
+  if (args.size() < 3 || args.size() > 4) ExitWithError("usage: meshrun memory <host> [device]", 2);
+  auto stub = CoordinatorStub();
+  v1::GetDeviceMemoryRequest request;
+  request.set_host(args[2]);
+  if (args.size() == 4) request.set_runtime_name(args[3]);
+  v1::GetDeviceMemoryResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout) + absl::Seconds(5));
+  CheckCall(stub->GetDeviceMemory(context.get(), request, &response), "memory");
+  auto bytes = [](bool has, int64_t value) {
+    return has ? absl::StrCat(value) : std::string("-");
+  };
+  std::printf("%-10s %14s %14s %14s  %s\n", "DEVICE", "IN_USE", "PEAK", "LIMIT", "NOTE");
+  for (const v1::DeviceMemory& d : response.devices()) {
+    std::printf("%-10s %14s %14s %14s  %s\n", d.runtime_name().c_str(),
+                bytes(d.has_bytes_in_use(), d.bytes_in_use()).c_str(),
+                bytes(d.has_peak_bytes_in_use(), d.peak_bytes_in_use()).c_str(),
+                bytes(d.has_bytes_limit(), d.bytes_limit()).c_str(),
+                d.unreported_reason().c_str());
+  }
+  return 0;
+}
+
 // Eight-level bars of the last values, scaled to their own range.
 std::string Sparkline(const std::deque<float>& values) {
   static const char* kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
@@ -300,10 +350,12 @@ int main(int argc, char** argv) {
   if (command == "list") return List();
   if (command == "cancel") return Cancel(args);
   if (command == "watch") return Watch(args);
+  if (command == "metrics") return Metrics(args);
+  if (command == "memory") return Memory(args);
   if (command == "version") {
     std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, metrics, memory, version", 2);
 }

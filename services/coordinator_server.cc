@@ -121,6 +121,65 @@ absl::Status CoordinatorRpcHandler::ReportJobProgress(const v1::ReportJobProgres
   return launcher_->Report(request);
 }
 
+namespace {
+// The address of an ALIVE host, or NOT_FOUND / UNAVAILABLE naming it.
+absl::StatusOr<std::string> AliveAddress(coordinator::WorkerRegistry& registry,
+                                         const std::string& host) {
+  for (const coordinator::WorkerEntry& entry : registry.List()) {
+    if (entry.info.host != host) continue;
+    if (entry.state != coordinator::WorkerState::kAlive) {
+      return absl::UnavailableError(absl::StrCat("host ", host, " is ",
+                                                 coordinator::WorkerStateName(entry.state)));
+    }
+    return entry.info.address;
+  }
+  return absl::NotFoundError(absl::StrCat("host ", host, " is not registered"));
+}
+}  // namespace
+
+absl::Status CoordinatorRpcHandler::GetMetrics(const v1::GetMetricsRequest& request,
+                                               v1::GetMetricsResponse* response) {
+  std::vector<std::pair<std::string, std::string>> hosts;  // host, address
+  if (!request.host().empty()) {
+    ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
+    hosts.emplace_back(request.host(), address);
+  } else {
+    for (const coordinator::WorkerEntry& entry : registry_->List()) {
+      if (entry.state == coordinator::WorkerState::kAlive) {
+        hosts.emplace_back(entry.info.host, entry.info.address);
+      }
+    }
+  }
+  for (const auto& [host, address] : hosts) {
+    v1::WorkerStatusReport status;
+    auto context = ContextWithTimeout(absl::Seconds(5));
+    grpc::Status rpc = v1::Worker::NewStub(MakeChannel(address))
+                           ->GetStatus(context.get(), v1::GetStatusRequest(), &status);
+    if (!rpc.ok()) {
+      if (!request.host().empty()) return FromGrpcStatus(rpc);
+      continue;  // a host that just died is not the caller's problem in a cluster view
+    }
+    v1::HostMetrics* metrics = response->add_hosts();
+    metrics->set_host(host);
+    *metrics->mutable_metrics() = status.metrics();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::GetDeviceMemory(const v1::GetDeviceMemoryRequest& request,
+                                                    v1::GetDeviceMemoryResponse* response) {
+  if (request.host().empty()) return absl::InvalidArgumentError("host is empty; name a worker");
+  ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
+  v1::WorkerDeviceMemoryRequest ask;
+  ask.set_runtime_name(request.runtime_name());
+  v1::WorkerDeviceMemoryResponse answer;
+  auto context = ContextWithTimeout(absl::Seconds(5));
+  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeChannel(address))
+                                     ->GetDeviceMemory(context.get(), ask, &answer)));
+  *response->mutable_devices() = answer.devices();
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorRpcHandler::KeyValueSet(const v1::KeyValueSetRequest& request,
                                                 v1::KeyValueSetResponse*) {
   return kv_->Set(request.key(), request.value(), request.allow_overwrite());
@@ -381,6 +440,16 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       return new Refusal(watcher.status());
     }
     return new WatchReactor(std::move(*watcher));
+  }
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
+                                       const v1::GetMetricsRequest* request,
+                                       v1::GetMetricsResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->GetMetrics(*request, response); });
+  }
+  grpc::ServerUnaryReactor* GetDeviceMemory(grpc::CallbackServerContext* context,
+                                            const v1::GetDeviceMemoryRequest* request,
+                                            v1::GetDeviceMemoryResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->GetDeviceMemory(*request, response); });
   }
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
                                         const v1::KeyValueSetRequest* request,

@@ -60,6 +60,12 @@ class CoordinatorRpcHandler {
   absl::Status ReportJobProgress(const v1::ReportJobProgressRequest& request,
                                  v1::ReportJobProgressResponse*);
 
+  // Ask the workers (bounded by a 5 s deadline each); run on a server thread, so they block it
+  // only that long.
+  absl::Status GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* response);
+  absl::Status GetDeviceMemory(const v1::GetDeviceMemoryRequest& request,
+                               v1::GetDeviceMemoryResponse* response);
+
   absl::Status KeyValueSet(const v1::KeyValueSetRequest& request, v1::KeyValueSetResponse*);
   absl::Status KeyValueTryGet(const v1::KeyValueGetRequest& request,
                               v1::KeyValueGetResponse* response);

@@ -53,6 +53,11 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
       return absl::OkStatus();
     });
   }
+  grpc::ServerUnaryReactor* GetDeviceMemory(grpc::CallbackServerContext* context,
+                                            const v1::WorkerDeviceMemoryRequest* request,
+                                            v1::WorkerDeviceMemoryResponse* response) override {
+    return FinishUnary(context, [&] { return owner_->DeviceMemory(*request, response); });
+  }
   grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
                                      const v1::StartJobRequest* request,
                                      v1::StartJobResponse*) override {
@@ -485,6 +490,27 @@ void WorkerServer::ReportOutcome(const std::string& job_id, const worker::LoopRe
     }
     stop_loop_.WaitForNotificationWithTimeout(absl::Seconds(1));
   }
+}
+
+absl::Status WorkerServer::DeviceMemory(const v1::WorkerDeviceMemoryRequest& request,
+                                        v1::WorkerDeviceMemoryResponse* response) {
+  if (runtime_ == nullptr) return absl::FailedPreconditionError("this worker has no runtime");
+  std::vector<std::string> names;
+  if (!request.runtime_name().empty()) {
+    names.push_back(request.runtime_name());
+  } else {
+    for (const auto& device : runtime_->addressable_devices()) names.push_back(device.runtime_name);
+  }
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(runtime::MemoryStats stats, runtime_->GetMemoryStats(name));
+    v1::DeviceMemory* memory = response->add_devices();
+    memory->set_runtime_name(stats.runtime_name);
+    if (stats.bytes_in_use) memory->set_bytes_in_use(*stats.bytes_in_use);
+    if (stats.peak_bytes_in_use) memory->set_peak_bytes_in_use(*stats.peak_bytes_in_use);
+    if (stats.bytes_limit) memory->set_bytes_limit(*stats.bytes_limit);
+    memory->set_unreported_reason(stats.unreported_reason);
+  }
+  return absl::OkStatus();
 }
 
 void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {

@@ -77,6 +77,8 @@ class WorkerServer {
   absl::Status StartJob(const v1::StartJobRequest& request);
   absl::Status StopJob(const v1::StopJobRequest& request);
   void FillStatus(v1::WorkerStatusReport* report);
+  absl::Status DeviceMemory(const v1::WorkerDeviceMemoryRequest& request,
+                            v1::WorkerDeviceMemoryResponse* response);
   // Sends a job's outcome to the coordinator (retrying while it is unreachable, bounded).
   void ReportOutcome(const std::string& job_id, const worker::LoopResult& result);
 

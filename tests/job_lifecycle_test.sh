@@ -55,6 +55,19 @@ sent=$(field executable_bytes_sent <"$tmp/job1.txt")
 grep -q 'compile_mode: "A"' "$tmp/job1.txt" || fail "job 1 compile mode"
 host1=$(sed -n 's/.*key: "\(worker-[01]\)".*/\1/p' "$tmp/job1.txt" | head -1)
 
+# Its telemetry replays from history (steps 10..40 at cadence 10) and the stream ends with it.
+cli watch job-1 --since_step=1 >"$tmp/watch.txt" || fail "watch failed: $(cat "$tmp/watch.txt")"
+[ "$(awk '$1 ~ /^[0-9]+$/' "$tmp/watch.txt" | wc -l)" -eq 4 ] || fail "watch rows: $(cat "$tmp/watch.txt")"
+grep -q "metrics.loss" "$tmp/watch.txt" || fail "watch has no loss column"
+# Metrics and memory of the worker that ran it, through the coordinator.
+cli metrics "$host1" >"$tmp/metrics.txt" || fail "metrics failed"
+grep -q "ExecuteTime" "$tmp/metrics.txt" && grep -q "LoadTime" "$tmp/metrics.txt" \
+  || fail "metrics report incomplete: $(cat "$tmp/metrics.txt")"
+cli memory "$host1" cpu:0 >"$tmp/memory.txt" || fail "memory failed"
+grep -q "not reported by this plugin" "$tmp/memory.txt" || fail "memory: $(cat "$tmp/memory.txt")"
+if cli memory "$host1" cpu:99 >"$tmp/memory.txt" 2>&1; then fail "unknown device accepted"; fi
+grep -q "cpu:99" "$tmp/memory.txt" || fail "unknown device not named: $(cat "$tmp/memory.txt")"
+
 # 2. Bad input: refused at submit, naming the field; the coordinator keeps serving.
 if cli submit "$bundle" --cadence=0 >"$tmp/bad.txt" 2>&1; then fail "cadence 0 accepted"; fi
 grep -q "cadence" "$tmp/bad.txt" || fail "cadence refusal unclear: $(cat "$tmp/bad.txt")"
