@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_support.h"
 #include "common/sha256.h"
 #include "coordinator/executable_cache.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -47,30 +48,17 @@
 
 namespace {
 
+using meshrun::bench::Fail;
+using meshrun::bench::Median;
+using meshrun::bench::Now;
+
 using namespace meshrun;
 constexpr size_t kChunk = 1 << 20;
-
-int Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "distribution_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
-  return 1;
-}
-
-double Now() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 double CpuNow() {  // this process, all threads (client and servers alike)
   timespec t;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {

@@ -22,6 +22,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_support.h"
 #include "worker/runtime/backends.h"
 #include "worker/runtime/example_job.h"
 #include "worker/runtime/pjrt/pjrt_runtime.h"
@@ -29,11 +30,7 @@
 namespace {
 
 using namespace meshrun::runtime;
-
-int Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "runtime_step_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
-  return 1;
-}
+using meshrun::bench::Fail;
 
 // Runs the JAX baseline and returns its "<key> <value>" lines' values; empty when it could not run.
 std::vector<std::pair<std::string, double>> RunJax(const std::string& mesh, int steps) {

@@ -50,6 +50,7 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/bench_support.h"
 #include "worker/runtime/backends.h"
 #include "worker/runtime/compile_options.h"
 #include "worker/runtime/example_job.h"
@@ -57,17 +58,15 @@
 
 namespace {
 
+using meshrun::bench::Fail;
+using meshrun::bench::Median;
+
 using namespace meshrun;
 using runtime::DeviceBuffer;
 using runtime::Executable;
 using runtime::ExampleJob;
 using runtime::HostArray;
 using runtime::Runtime;
-
-int Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "step_loop_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
-  return 1;
-}
 
 // Wall and process CPU time (all threads), in nanoseconds.
 struct Stamp {
@@ -91,12 +90,6 @@ struct PerStep {
             (b.cpu_ns - a.cpu_ns) * 1e-6 / static_cast<double>(steps)};
   }
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // Cycles through the job's batches; records when batch 2 is asked for (= step 1 begins).
 class CyclingBatches : public worker::BatchSource {

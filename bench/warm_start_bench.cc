@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_support.h"
 #include "common/sha256.h"
 #include "worker/executable_store.h"
 #include "worker/runtime/backends.h"
@@ -35,29 +36,16 @@
 
 namespace {
 
+using meshrun::bench::Fail;
+using meshrun::bench::Median;
+using meshrun::bench::Now;
+
 using namespace meshrun;
 using runtime::DeviceBuffer;
 using runtime::Executable;
 using runtime::ExampleJob;
 using runtime::HostArray;
 using runtime::Runtime;
-
-int Fail(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "warm_start_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
-  return 1;
-}
-
-double Now() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // Runs init, uploads batch 1, runs step 1; returns step 1's loss (read after the timing).
 absl::StatusOr<float> InitAndFirstStep(Runtime& rt, const ExampleJob& job, const Executable& init,

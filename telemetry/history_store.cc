@@ -13,6 +13,17 @@
 #include "common/status_macros.h"
 
 namespace meshrun::telemetry {
+
+void FilterValues(const std::set<std::string>& names,
+                  google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values) {
+  if (names.empty()) return;
+  values.erase(std::remove_if(values.begin(), values.end(),
+                              [&](const v1::TelemetryValue& value) {
+                                return names.count(value.name()) == 0;
+                              }),
+               values.end());
+}
+
 namespace {
 
 constexpr int kSchemaVersion = 1;
@@ -162,17 +173,6 @@ absl::Status ParseRow(const Stmt& stmt, int col, Message& out, absl::string_view
                                             " does not parse"));
   }
   return absl::OkStatus();
-}
-
-// Keeps only the values named in `names` (all when empty).
-void FilterValues(const std::set<std::string>& names,
-                  google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values) {
-  if (names.empty()) return;
-  values.erase(std::remove_if(values.begin(), values.end(),
-                              [&](const v1::TelemetryValue& value) {
-                                return names.count(value.name()) == 0;
-                              }),
-               values.end());
 }
 
 int64_t Elements(const v1::TelemetryDeclaration& decl) {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,11 @@
 struct sqlite3;
 
 namespace meshrun::telemetry {
+
+// Keeps only the values named in `names` (all when empty). Shared by history reads and
+// watchers, which narrow summaries to the series a caller asked for.
+void FilterValues(const std::set<std::string>& names,
+                  google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values);
 
 class HistoryStore {
  public:

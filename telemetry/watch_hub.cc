@@ -7,20 +7,6 @@
 #include "common/status_macros.h"
 
 namespace meshrun::telemetry {
-namespace {
-
-void FilterValues(const std::set<std::string>& names,
-                  google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values) {
-  if (names.empty()) return;
-  values.erase(std::remove_if(values.begin(), values.end(),
-                              [&](const v1::TelemetryValue& value) {
-                                return names.count(value.name()) == 0;
-                              }),
-               values.end());
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------
 // Watcher
 
