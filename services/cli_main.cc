@@ -32,6 +32,9 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
 ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
 ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
+ABSL_FLAG(std::string, job, "",
+          "workers: explain exclusions against this job's runtime pin (default: the pin a "
+          "job without one would get)");
 ABSL_FLAG(int64_t, since_step, 0, "watch: first step to show (history first, then live)");
 
 namespace meshrun::services {
@@ -41,7 +44,8 @@ constexpr char kUsage[] =
     "meshrun [flags] <command> [args]\n\n"
     "commands:\n"
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
-    "  workers              list the coordinator's workers (--expect=N waits for N alive)\n"
+    "  workers              list the coordinator's workers and why a job's pin excludes any\n"
+    "                       (--job=ID; --expect=N waits for N alive)\n"
     "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow)\n"
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
@@ -80,7 +84,9 @@ std::string StateName(v1::WorkerState state) {
 absl::StatusOr<v1::ListWorkersResponse> ListWorkers(v1::Coordinator::Stub& stub) {
   v1::ListWorkersResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
-  grpc::Status status = stub.ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  v1::ListWorkersRequest request;
+  request.set_job_id(absl::GetFlag(FLAGS_job));
+  grpc::Status status = stub.ListWorkers(context.get(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
@@ -115,8 +121,10 @@ int Workers() {
     const auto& reg = w.registration();
     alive += w.state() == v1::WORKER_STATE_ALIVE;
     const runtime::RuntimeIdentity identity = FromProto(reg.runtime());
-    std::string note = w.state_reason();
-    if (!w.exclusion_reason().empty()) note = absl::StrCat(note, " excluded: ", w.exclusion_reason());
+    std::vector<std::string> notes;
+    if (!w.state_reason().empty()) notes.push_back(w.state_reason());
+    if (!w.exclusion_reason().empty()) notes.push_back("excluded: " + w.exclusion_reason());
+    const std::string note = absl::StrJoin(notes, "; ");
     std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
                 StateName(w.state()).c_str(), reg.address().c_str(),
                 runtime::ToString(identity).c_str(), reg.devices_size(),

@@ -11,6 +11,7 @@
 #include "common/protocol.h"
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
+#include "coordinator/mesh_planner.h"
 #include "services/runtime_setup.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
@@ -57,14 +58,30 @@ absl::Status CoordinatorRpcHandler::DeregisterWorker(const v1::DeregisterWorkerR
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest&,
+absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest& request,
                                                 v1::ListWorkersResponse* response) {
-  for (const coordinator::WorkerEntry& entry : registry_->List()) {
+  runtime::RuntimeIdentity pin;
+  if (!request.job_id().empty()) {
+    ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
+    pin = FromProto(job.has_runtime() ? job.runtime() : job.spec().runtime_pin());
+  }
+  const std::vector<coordinator::WorkerEntry> entries = registry_->List();
+  std::vector<coordinator::WorkerInfo> alive;
+  for (const coordinator::WorkerEntry& entry : entries) {
+    if (entry.state == coordinator::WorkerState::kAlive) alive.push_back(entry.info);
+  }
+  std::map<std::string, std::string> excluded;  // host -> why the pin leaves it out
+  for (const coordinator::HostExclusion& e : coordinator::PinRuntime(alive, pin).excluded) {
+    excluded[e.host] = e.reason;
+  }
+  for (const coordinator::WorkerEntry& entry : entries) {
     v1::WorkerStatus* status = response->add_workers();
     *status->mutable_registration() = ToProto(entry.info);
     status->set_state(ToProto(entry.state));
     status->set_last_heartbeat_unix_micros(absl::ToUnixMicros(entry.last_heartbeat));
     status->set_state_reason(entry.state_reason);
+    auto reason = excluded.find(entry.info.host);
+    if (reason != excluded.end()) status->set_exclusion_reason(reason->second);
   }
   return absl::OkStatus();
 }

@@ -117,28 +117,33 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
 
-  // ASSIGNED -> LOADING: compile once per key.
-  if (config_.runtime == nullptr || !(config_.runtime->identity() == plan.runtime)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this coordinator cannot compile for runtime ", runtime::ToString(plan.runtime),
-        "; start meshrun-coordinator with --pjrt_plugin naming the same plugin file"));
-  }
+  // ASSIGNED -> LOADING: compile once per key, here when this coordinator runs the job's
+  // runtime, else on the job's first worker (which then already holds the executables).
+  const bool compile_here = config_.runtime != nullptr && config_.runtime->identity() == plan.runtime;
+  const WorkerInfo& compiler = hosts.front();
   std::vector<int64_t> device_ids(plan.device_ids.begin(), plan.device_ids.end());
   ASSIGN_OR_RETURN(std::string options,
                    runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids)));
   bool all_hits = true;
   absl::Duration compile_time;
+  std::string compiled_on;
   std::map<std::string, coordinator::CachedExecutable> executables;  // by fingerprint
   std::map<std::string, std::string> fingerprints;                  // role -> fingerprint
+  std::set<std::string> compiled_by_worker;                         // fingerprints
   for (const v1::Program& program : spec.programs()) {
     const std::string& program_options =
         program.compile_options().empty() ? options : program.compile_options();
     ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
     const std::string key = coordinator::CacheKey(program.stablehlo(), program_options,
                                                   plan.device_ids, plan.runtime);
+    bool on_worker = false;
     ASSIGN_OR_RETURN(
         auto result,
         config_.cache->GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
+          if (!compile_here) {
+            on_worker = true;
+            return CompileOnWorker(compiler, program, program_options);
+          }
           ASSIGN_OR_RETURN(auto executable,
                            config_.runtime->Compile({.code = program.stablehlo(),
                                                      .format = "mlir",
@@ -146,6 +151,10 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
                                                      .signature = signature}));
           return config_.runtime->Serialize(*executable);
         }));
+    if (result.outcome != coordinator::ExecutableCache::Outcome::kHit) {
+      compiled_on = on_worker ? compiler.host : "coordinator";
+    }
+    if (on_worker) compiled_by_worker.insert(result.executable.sha256());
     all_hits = all_hits && result.outcome == coordinator::ExecutableCache::Outcome::kHit;
     compile_time += result.compile_time;
     fingerprints[program.role()] = result.executable.sha256();
@@ -157,6 +166,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
     m.set_cache_hit(all_hits);
     m.set_compile_seconds(absl::ToDoubleSeconds(compile_time));
+    m.set_compiled_on(compiled_on);
     for (const auto& [role, fp] : fingerprints) (*m.mutable_program_fingerprints())[role] = fp;
   }));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING));
@@ -167,6 +177,10 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     for (const auto& [fingerprint, executable] : executables) {
       const auto& held = host.executable_fingerprints;
       if (std::find(held.begin(), held.end(), fingerprint) != held.end()) continue;
+      if (host.host == compiler.host && compiled_by_worker.contains(fingerprint)) {
+        config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
+        continue;
+      }
       absl::Status sent = SendExecutable(host.address, fingerprint, executable);
       if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
         spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
@@ -212,6 +226,47 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     return absl::OkStatus();
   }
   return running;
+}
+
+absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
+                                                         const v1::Program& program,
+                                                         const std::string& compile_options) {
+  spdlog::info("compiling program {} on worker {} (this coordinator has another runtime)",
+               program.role(), host.host);
+  auto context = ContextWithTimeout(config_.rpc_timeout);
+  v1::CompileProgramRequest request;
+  *request.mutable_program() = program;
+  request.set_compile_options(compile_options);
+  std::unique_ptr<grpc::ClientReader<v1::LoadExecutableChunk>> reader =
+      WorkerStub(host.address).CompileProgram(context.get(), request);
+  std::string bytes;
+  std::string announced_sha256;
+  int64_t total = -1;
+  v1::LoadExecutableChunk chunk;
+  absl::Status received;
+  while (reader->Read(&chunk)) {
+    if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
+      received = absl::DataLossError("chunk out of order");
+      context->TryCancel();
+      break;
+    }
+    if (chunk.offset() == 0) total = chunk.total_bytes();
+    bytes += chunk.data();
+    if (!chunk.sha256().empty()) announced_sha256 = chunk.sha256();
+  }
+  absl::Status finished = FromGrpcStatus(reader->Finish());
+  if (received.ok()) received = finished;
+  if (received.ok() && (static_cast<int64_t>(bytes.size()) != total ||
+                        Sha256Hex(bytes) != announced_sha256)) {
+    received = absl::DataLossError(absl::StrCat("received ", bytes.size(), " of ", total,
+                                                " bytes or a sha256 mismatch"));
+  }
+  if (!received.ok()) {
+    return absl::Status(received.code(), absl::StrCat("compiling program ", program.role(),
+                                                      " on worker ", host.host, ": ",
+                                                      received.message()));
+  }
+  return bytes;
 }
 
 absl::Status JobLauncher::SendExecutable(const std::string& address,

@@ -1,7 +1,8 @@
 // Drives each submitted job through its life on the coordinator:
 //   PENDING:   pick the eligible workers (runtime pin), plan the SPMD mesh;
-//   ASSIGNED:  compile every program once per cache key (coordinator's own runtime) or take it
-//              from the persistent executable cache;
+//   ASSIGNED:  compile every program once per cache key, or take it from the persistent
+//              executable cache; with the coordinator's own runtime when it is the job's, else
+//              on the job's first worker, which streams the executable back (and keeps it);
 //   LOADING:   stream each executable in 1 MiB chunks to every worker of the job that does not
 //              already hold it, then start the job on each worker;
 //   RUNNING:   workers report progress; every worker SUCCEEDED -> SUCCEEDED; any failure, a
@@ -70,6 +71,11 @@ class JobLauncher {
 
  private:
   absl::Status RunLaunch(const std::string& job_id);
+  // Compiles `program` on `host` and receives the serialized executable, verified.
+  // Errors: the worker's; DATA_LOSS (truncated or corrupt transfer).
+  absl::StatusOr<std::string> CompileOnWorker(const coordinator::WorkerInfo& host,
+                                              const v1::Program& program,
+                                              const std::string& compile_options);
   absl::Status SendExecutable(const std::string& address, const std::string& fingerprint,
                               const coordinator::CachedExecutable& executable);
   void StopWorkers(const v1::JobManifest& job);

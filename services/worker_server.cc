@@ -70,6 +70,8 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
   }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
+  grpc::ServerWriteReactor<v1::LoadExecutableChunk>* CompileProgram(
+      grpc::CallbackServerContext*, const v1::CompileProgramRequest* request) override;
 
  private:
   WorkerServer* const owner_;
@@ -138,6 +140,86 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
 grpc::ServerReadReactor<v1::LoadExecutableChunk>* WorkerServer::Service::LoadExecutable(
     grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) {
   return new LoadReactor(owner_, response);
+}
+
+// Compiles on the calling gRPC thread (a coordinator asks once per cache key), then streams
+// the executable with one write in flight.
+class WorkerServer::CompileReactor final
+    : public grpc::ServerWriteReactor<v1::LoadExecutableChunk> {
+ public:
+  CompileReactor(WorkerServer* owner, const v1::CompileProgramRequest& request) {
+    absl::StatusOr<std::string> bytes = owner->CompileProgram(request);
+    if (!bytes.ok()) {
+      Finish(ToGrpcStatus(bytes.status()));
+      return;
+    }
+    bytes_ = *std::move(bytes);
+    sha256_ = Sha256Hex(bytes_);
+    WriteNext();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (offset_ >= bytes_.size()) return Finish(grpc::Status::OK);
+    const size_t n = std::min<size_t>(worker::ExecutableStore::kMaxChunkBytes,
+                                      bytes_.size() - offset_);
+    chunk_.Clear();
+    if (offset_ == 0) {
+      chunk_.set_fingerprint(sha256_);
+      chunk_.set_total_bytes(static_cast<int64_t>(bytes_.size()));
+    }
+    chunk_.set_offset(static_cast<int64_t>(offset_));
+    chunk_.set_data(bytes_.substr(offset_, n));
+    offset_ += n;
+    if (offset_ == bytes_.size()) chunk_.set_sha256(sha256_);
+    StartWrite(&chunk_);
+  }
+
+  std::string bytes_;
+  std::string sha256_;
+  size_t offset_ = 0;
+  v1::LoadExecutableChunk chunk_;
+};
+
+grpc::ServerWriteReactor<v1::LoadExecutableChunk>* WorkerServer::Service::CompileProgram(
+    grpc::CallbackServerContext*, const v1::CompileProgramRequest* request) {
+  return new CompileReactor(owner_, *request);
+}
+
+absl::StatusOr<std::string> WorkerServer::CompileProgram(const v1::CompileProgramRequest& request) {
+  if (runtime_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no runtime to compile with; start meshrun-worker with --pjrt_plugin");
+  }
+  ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(request.program()));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::Executable> executable,
+                   runtime_->Compile({.code = request.program().stablehlo(),
+                                      .format = "mlir",
+                                      .compile_options = request.compile_options(),
+                                      .signature = std::move(signature)}));
+  metrics_.AddTime(worker::kCompileTime, absl::Now() - start);
+  ASSIGN_OR_RETURN(std::string bytes, runtime_->Serialize(*executable));
+  // Kept here too, so the coordinator need not send this worker what it just made.
+  const std::string fingerprint = Sha256Hex(bytes);
+  if (!executables_->Has(fingerprint)) {
+    ASSIGN_OR_RETURN(auto upload, executables_->Begin(fingerprint, static_cast<int64_t>(bytes.size())));
+    for (size_t offset = 0; offset < bytes.size(); offset += worker::ExecutableStore::kMaxChunkBytes) {
+      RETURN_IF_ERROR(upload->Append(static_cast<int64_t>(offset),
+                                     absl::string_view(bytes).substr(
+                                         offset, worker::ExecutableStore::kMaxChunkBytes)));
+    }
+    RETURN_IF_ERROR(upload->Commit(fingerprint));
+  }
+  spdlog::info("compiled program {} for the coordinator: executable {} ({} bytes, {})",
+               request.program().role(), fingerprint.substr(0, 12), bytes.size(),
+               absl::FormatDuration(absl::Now() - start));
+  return bytes;
 }
 
 WorkerServer::WorkerServer(Config config)

@@ -66,6 +66,7 @@ class WorkerServer {
  private:
   class Service;
   class LoadReactor;
+  class CompileReactor;
   struct RunningJob {
     std::string job_id;
     std::unique_ptr<worker::StepLoop> loop;
@@ -76,6 +77,9 @@ class WorkerServer {
   absl::Status Heartbeat();
   absl::Status StartJob(const v1::StartJobRequest& request);
   absl::Status StopJob(const v1::StopJobRequest& request);
+  // Compiles and serializes `request`'s program, keeping the executable in the local store.
+  // Errors: FAILED_PRECONDITION (no runtime), INVALID_ARGUMENT (bad signature; compile errors).
+  absl::StatusOr<std::string> CompileProgram(const v1::CompileProgramRequest& request);
   void FillStatus(v1::WorkerStatusReport* report);
   absl::Status DeviceMemory(const v1::WorkerDeviceMemoryRequest& request,
                             v1::WorkerDeviceMemoryResponse* response);
