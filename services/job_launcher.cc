@@ -171,31 +171,30 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   }));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING));
 
-  // Distribute, skipping what each worker already holds.
-  int64_t bytes_sent = 0;
-  for (const WorkerInfo& host : hosts) {
-    for (const auto& [fingerprint, executable] : executables) {
-      const auto& held = host.executable_fingerprints;
-      if (std::find(held.begin(), held.end(), fingerprint) != held.end()) continue;
-      if (host.host == compiler.host && compiled_by_worker.contains(fingerprint)) {
-        config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
-        continue;
-      }
-      absl::Status sent = SendExecutable(host.address, fingerprint, executable);
-      if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
-        spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
-                     sent.ToString());
-        sent = SendExecutable(host.address, fingerprint, executable);
-      }
-      if (!sent.ok()) {
-        config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host.host); })
-            .IgnoreError();
-        return absl::Status(sent.code(), absl::StrCat("loading executable on worker ", host.host,
-                                                      ": ", sent.message()));
-      }
-      bytes_sent += static_cast<int64_t>(executable.size());
-      config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
+  // Distribute to every worker at once, skipping what each already holds.
+  std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
+  {
+    std::vector<std::thread> senders;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      std::set<std::string> held(hosts[i].executable_fingerprints.begin(),
+                                 hosts[i].executable_fingerprints.end());
+      if (hosts[i].host == compiler.host) held.insert(compiled_by_worker.begin(), compiled_by_worker.end());
+      senders.emplace_back([&, i, held = std::move(held)] {
+        sent[i] = Distribute(job_id, hosts[i], executables, held);
+      });
     }
+    for (std::thread& sender : senders) sender.join();
+  }
+  int64_t bytes_sent = 0;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (!sent[i].ok()) {
+      config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(hosts[i].host); })
+          .IgnoreError();
+      return absl::Status(sent[i].status().code(),
+                          absl::StrCat("loading executable on worker ", hosts[i].host, ": ",
+                                       sent[i].status().message()));
+    }
+    bytes_sent += *sent[i];
   }
   RETURN_IF_ERROR(config_.jobs->Update(
       job_id, [&](v1::JobManifest& m) { m.set_executable_bytes_sent(bytes_sent); }));
@@ -226,6 +225,27 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     return absl::OkStatus();
   }
   return running;
+}
+
+absl::StatusOr<int64_t> JobLauncher::Distribute(
+    const std::string& job_id, const WorkerInfo& host,
+    const std::map<std::string, coordinator::CachedExecutable>& executables,
+    const std::set<std::string>& held) {
+  int64_t bytes_sent = 0;
+  for (const auto& [fingerprint, executable] : executables) {
+    if (!held.contains(fingerprint)) {
+      absl::Status sent = SendExecutable(host.address, fingerprint, executable);
+      if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
+        spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
+                     sent.ToString());
+        sent = SendExecutable(host.address, fingerprint, executable);
+      }
+      RETURN_IF_ERROR(sent);
+      bytes_sent += static_cast<int64_t>(executable.size());
+    }
+    config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
+  }
+  return bytes_sent;
 }
 
 absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,

@@ -4,7 +4,7 @@
 //              executable cache; with the coordinator's own runtime when it is the job's, else
 //              on the job's first worker, which streams the executable back (and keeps it);
 //   LOADING:   stream each executable in 1 MiB chunks to every worker of the job that does not
-//              already hold it, then start the job on each worker;
+//              already hold it (all workers at once), then start the job on each worker;
 //   RUNNING:   workers report progress; every worker SUCCEEDED -> SUCCEEDED; any failure, a
 //              dead worker or a cancel ends the job for all of them.
 // The CPU PJRT plugin is single-process, so a CPU job runs on one host (the first free eligible
@@ -71,6 +71,12 @@ class JobLauncher {
 
  private:
   absl::Status RunLaunch(const std::string& job_id);
+  // Sends `host` every executable it does not hold (one retry after a corrupt transfer) and
+  // records what it now holds; returns the bytes sent. Errors: the transfer's.
+  absl::StatusOr<int64_t> Distribute(
+      const std::string& job_id, const coordinator::WorkerInfo& host,
+      const std::map<std::string, coordinator::CachedExecutable>& executables,
+      const std::set<std::string>& held);
   // Compiles `program` on `host` and receives the serialized executable, verified.
   // Errors: the worker's; DATA_LOSS (truncated or corrupt transfer).
   absl::StatusOr<std::string> CompileOnWorker(const coordinator::WorkerInfo& host,
