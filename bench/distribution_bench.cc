@@ -1,9 +1,7 @@
 // Distributing one 256 MiB executable to 2 workers over loopback, all in this process:
-//   meshrun   the coordinator's path: an ExecutableCache entry streamed with the generated
-//             Worker::Stub::LoadExecutable in 1 MiB chunks (the client side of
-//             JobLauncher::SendExecutable, re-implemented here: ForEachChunk -> one
-//             LoadExecutableChunk per piece, fingerprint/total on the first, sha256 on the last)
-//             to two real WorkerServers, which append each chunk to a temp file, hash it (sha256),
+//   meshrun   the coordinator's path: an ExecutableCache entry streamed by
+//             services::SendExecutable (as JobLauncher does) in 1 MiB chunks to two real
+//             WorkerServers, which append each chunk to a temp file, hash it (sha256),
 //             and on the last one verify, fsync and rename it into their ExecutableStore.
 //   grpc      the same bytes, from memory, in 1 MiB chunks (same message type, same channel
 //             options) to two bare servers in this process whose LoadExecutable reads and
@@ -45,6 +43,7 @@
 #include "common/status_macros.h"
 #include "coordinator/executable_cache.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "services/executable_transfer.h"
 #include "services/server_support.h"
 #include "services/worker_server.h"
 #include "spdlog/spdlog.h"
@@ -97,37 +96,6 @@ class DiscardService final : public v1::Worker::CallbackService {
     return new Reactor(response);
   }
 };
-
-// JobLauncher::SendExecutable's client side: the cache entry in 1 MiB pieces.
-absl::Status SendFromCache(v1::Worker::Stub& stub, const coordinator::CachedExecutable& entry) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-  v1::LoadExecutableResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::LoadExecutableChunk>> writer =
-      stub.LoadExecutable(&context, &response);
-  uint64_t offset = 0;
-  absl::Status streamed = entry.ForEachChunk(kChunk, [&](absl::string_view piece) -> absl::Status {
-    v1::LoadExecutableChunk chunk;
-    if (offset == 0) {
-      chunk.set_fingerprint(entry.sha256());
-      chunk.set_total_bytes(static_cast<int64_t>(entry.size()));
-    }
-    chunk.set_offset(static_cast<int64_t>(offset));
-    chunk.set_data(std::string(piece));
-    offset += piece.size();
-    if (offset == entry.size()) chunk.set_sha256(entry.sha256());
-    if (!writer->Write(chunk)) return absl::UnavailableError("worker closed the stream");
-    return absl::OkStatus();
-  });
-  writer->WritesDone();
-  if (absl::Status finished = FromGrpc(writer->Finish()); !finished.ok()) return finished;
-  if (!streamed.ok()) return streamed;
-  if (response.bytes_received() != static_cast<int64_t>(entry.size())) {
-    return absl::InternalError(absl::StrCat("worker stored ", response.bytes_received(), " of ",
-                                            entry.size(), " bytes"));
-  }
-  return absl::OkStatus();
-}
 
 // The baseline client: the same bytes from memory, 1 MiB per message, nothing else.
 absl::Status SendPlain(v1::Worker::Stub& stub, const std::string& bytes) {
@@ -264,7 +232,7 @@ int main(int argc, char** argv) {
     clear_stores();
     const double start = Now();
     RETURN_IF_ERROR(ToAll(worker_stubs, [&](v1::Worker::Stub& stub) {
-      return SendFromCache(stub, executable);
+      return services::SendExecutable(stub, executable);
     }));
     const double seconds = Now() - start;
     for (int w = 0; w < 2; ++w) {

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/mesh_planner.h"
+#include "services/executable_transfer.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
 #include "worker/runtime/compile_options.h"
@@ -234,11 +235,13 @@ absl::StatusOr<int64_t> JobLauncher::Distribute(
   int64_t bytes_sent = 0;
   for (const auto& [fingerprint, executable] : executables) {
     if (!held.contains(fingerprint)) {
-      absl::Status sent = SendExecutable(host.address, fingerprint, executable);
+      const TransferOptions options{.chunk_bytes = config_.chunk_bytes,
+                                    .base_timeout = config_.rpc_timeout};
+      absl::Status sent = SendExecutable(WorkerStub(host.address), executable, options);
       if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
         spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
                      sent.ToString());
-        sent = SendExecutable(host.address, fingerprint, executable);
+        sent = SendExecutable(WorkerStub(host.address), executable, options);
       }
       RETURN_IF_ERROR(sent);
       bytes_sent += static_cast<int64_t>(executable.size());
@@ -287,34 +290,6 @@ absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
                                                       received.message()));
   }
   return bytes;
-}
-
-absl::Status JobLauncher::SendExecutable(const std::string& address,
-                                         const std::string& fingerprint,
-                                         const coordinator::CachedExecutable& executable) {
-  auto context = ContextWithTimeout(config_.rpc_timeout);
-  v1::LoadExecutableResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::LoadExecutableChunk>> writer =
-      WorkerStub(address).LoadExecutable(context.get(), &response);
-  uint64_t offset = 0;
-  absl::Status streamed =
-      executable.ForEachChunk(config_.chunk_bytes, [&](absl::string_view piece) -> absl::Status {
-        v1::LoadExecutableChunk chunk;
-        if (offset == 0) {
-          chunk.set_fingerprint(fingerprint);
-          chunk.set_total_bytes(static_cast<int64_t>(executable.size()));
-        }
-        chunk.set_offset(static_cast<int64_t>(offset));
-        chunk.set_data(std::string(piece));
-        offset += piece.size();
-        if (offset == executable.size()) chunk.set_sha256(executable.sha256());
-        if (!writer->Write(chunk)) return absl::UnavailableError("worker closed the stream");
-        return absl::OkStatus();
-      });
-  writer->WritesDone();
-  absl::Status finished = FromGrpcStatus(writer->Finish());
-  if (!finished.ok()) return finished;  // the worker's reason beats our write error
-  return streamed;
 }
 
 absl::Status JobLauncher::Cancel(const std::string& job_id) {

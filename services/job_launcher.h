@@ -82,8 +82,6 @@ class JobLauncher {
   absl::StatusOr<std::string> CompileOnWorker(const coordinator::WorkerInfo& host,
                                               const v1::Program& program,
                                               const std::string& compile_options);
-  absl::Status SendExecutable(const std::string& address, const std::string& fingerprint,
-                              const coordinator::CachedExecutable& executable);
   void StopWorkers(const v1::JobManifest& job);
   // Called once a job reached a final state: its telemetry ends after what is pending.
   void Finished(const std::string& job_id);

@@ -1,0 +1,32 @@
+// The coordinator's side of an executable transfer: streams a cached executable to a worker's
+// LoadExecutable in chunks of at most 1 MiB, the first naming the fingerprint (its sha256) and
+// size, the last carrying the sha256 the worker verifies before keeping anything.
+//
+// Thread-safety: SendExecutable may run concurrently for different workers (gRPC stubs are
+// thread-safe); the executable's file handle stays valid while the CachedExecutable lives.
+#pragma once
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "coordinator/executable_cache.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+
+namespace meshrun::services {
+
+struct TransferOptions {
+  size_t chunk_bytes = 1 << 20;  // at most 1 MiB, the worker's limit
+  // Deadline = base_timeout + size / min_bytes_per_second, so multi-GiB artifacts get the
+  // time they need on a slow link and a stalled one still ends.
+  absl::Duration base_timeout = absl::Seconds(60);
+  double min_bytes_per_second = 50e6;
+};
+
+// Errors: the worker's (INVALID_ARGUMENT bad chunk, DATA_LOSS truncated or corrupt: nothing
+// kept, ALREADY_EXISTS it holds the executable); UNAVAILABLE / DEADLINE_EXCEEDED; the cache's
+// read errors (the entry's file is damaged).
+absl::Status SendExecutable(v1::Worker::Stub& worker, const coordinator::CachedExecutable& executable,
+                            const TransferOptions& options = {});
+
+}  // namespace meshrun::services

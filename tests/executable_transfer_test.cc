@@ -1,0 +1,130 @@
+// Executable transfers as the coordinator makes them, to a real worker on 127.0.0.1:0:
+// an artifact above 2 GiB arrives whole and verified; a corrupt or truncated stream is
+// refused with DATA_LOSS and leaves nothing in the worker's store.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/sha256.h"
+#include "coordinator/executable_cache.h"
+#include "services/executable_transfer.h"
+#include "services/server_support.h"
+#include "services/worker_server.h"
+
+namespace meshrun::services {
+namespace {
+
+std::string Dir(const std::string& name) {
+  return ::testing::TempDir() + "/executable_transfer_test/" + name;
+}
+
+// Incompressible bytes, cheap to make.
+std::string PseudoRandomBytes(size_t size) {
+  std::string bytes(size, '\0');
+  uint64_t x = 0x2545F4914F6CDD1DULL;
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(bytes.data() + i, &x, 8);
+  }
+  for (; i < size; ++i) bytes[i] = static_cast<char>(i);
+  return bytes;
+}
+
+class ExecutableTransferTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::remove_all(Dir(""));
+    // No coordinator listens on port 1: the worker keeps retrying registration, which does
+    // not matter to LoadExecutable.
+    auto worker = WorkerServer::Start({.listen = "127.0.0.1:0",
+                                       .coordinator = "127.0.0.1:1",
+                                       .identity = {.host = "transfer-worker"},
+                                       .state_dir = Dir("worker")});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = std::move(*worker);
+    stub_ = v1::Worker::NewStub(MakeChannel("127.0.0.1:" + std::to_string(worker_->port())));
+  }
+  void TearDown() override {
+    if (worker_ != nullptr) worker_->Drain(absl::Seconds(1));
+    std::filesystem::remove_all(Dir(""));
+  }
+  std::string StoredPath(const std::string& fingerprint) {
+    return Dir("worker") + "/executables/" + fingerprint + ".xexe";
+  }
+  size_t StoredFiles() {
+    size_t n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(Dir("worker") + "/executables")) {
+      n += f.is_regular_file();
+    }
+    return n;
+  }
+
+  std::unique_ptr<WorkerServer> worker_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+TEST_F(ExecutableTransferTest, ArtifactAboveTwoGibArrivesWholeAndVerified) {
+  const size_t size = (size_t{2} << 30) + (size_t{1} << 20) + 7;  // past int32, odd last chunk
+  std::string bytes = PseudoRandomBytes(size);
+  auto cache = coordinator::ExecutableCache::Create({.directory = Dir("cache")});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string key = Sha256Hex("two gib");
+  ASSERT_TRUE((*cache)->Insert(key, bytes).ok());
+  const std::string digest = Sha256Hex(bytes);
+  bytes.clear();
+  bytes.shrink_to_fit();
+  auto entry = (*cache)->Lookup(key);
+  ASSERT_TRUE(entry.ok() && entry->has_value()) << entry.status();
+  ASSERT_EQ((*entry)->size(), size);
+
+  ASSERT_TRUE(SendExecutable(*stub_, **entry).ok());
+  EXPECT_EQ(std::filesystem::file_size(StoredPath(digest)), size);
+  auto stored = Sha256File(StoredPath(digest));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, digest);
+  // Sending what the worker already holds is refused, so nothing is ever sent twice.
+  EXPECT_EQ(SendExecutable(*stub_, **entry).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// Streams `bytes` in 1 MiB chunks, announcing `total` bytes and `sha256` at the end.
+absl::Status SendRaw(v1::Worker::Stub& stub, const std::string& bytes, int64_t total,
+                     const std::string& sha256) {
+  auto context = ContextWithTimeout(absl::Seconds(30));
+  v1::LoadExecutableResponse response;
+  auto writer = stub.LoadExecutable(context.get(), &response);
+  for (size_t offset = 0; offset < bytes.size(); offset += 1 << 20) {
+    v1::LoadExecutableChunk chunk;
+    if (offset == 0) {
+      chunk.set_fingerprint(sha256);
+      chunk.set_total_bytes(total);
+    }
+    chunk.set_offset(static_cast<int64_t>(offset));
+    chunk.set_data(bytes.substr(offset, 1 << 20));
+    if (offset + (1 << 20) >= bytes.size()) chunk.set_sha256(sha256);
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+TEST_F(ExecutableTransferTest, CorruptOrTruncatedTransfersAreRefusedAndLeaveNothing) {
+  const std::string bytes = PseudoRandomBytes((3 << 20) + 11);
+  const std::string digest = Sha256Hex(bytes);
+  std::string corrupt = bytes;
+  corrupt[(2 << 20) + 5] ^= 0x40;
+  EXPECT_EQ(SendRaw(*stub_, corrupt, bytes.size(), digest).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(SendRaw(*stub_, bytes.substr(0, 2 << 20), bytes.size(), digest).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(StoredFiles(), 0u);
+  // The intact stream afterwards is accepted.
+  EXPECT_TRUE(SendRaw(*stub_, bytes, bytes.size(), digest).ok());
+  EXPECT_EQ(StoredFiles(), 1u);
+}
+
+}  // namespace
+}  // namespace meshrun::services
