@@ -38,18 +38,10 @@ std::vector<WorkerInfo> ChooseHosts(const std::vector<WorkerInfo>& eligible,
 
 JobLauncher::JobLauncher(Config config) : config_(config) {}
 
-JobLauncher::~JobLauncher() {
-  std::vector<std::thread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    threads.swap(threads_);
-  }
-  for (std::thread& t : threads) t.join();
-}
+JobLauncher::~JobLauncher() { launches_.JoinAll(); }
 
 void JobLauncher::Launch(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  threads_.emplace_back([this, job_id] {
+  launches_.Run([this, job_id] {
     absl::Status status = RunLaunch(job_id);
     if (!status.ok()) {
       absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/background_tasks.h"
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
 #include "coordinator/worker_registry.h"
@@ -88,8 +89,8 @@ class JobLauncher {
   v1::Worker::Stub& WorkerStub(const std::string& address);
 
   const Config config_;
+  BackgroundTasks launches_;
   absl::Mutex mu_;
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };

@@ -361,14 +361,12 @@ void WorkerServer::Drain(absl::Duration deadline) {
     if (job_ != nullptr) job_->loop->Cancel();  // ends between steps; reported as CANCELLED
   }
   std::unique_ptr<RunningJob> job;
-  std::vector<std::thread> reporters;
   {
     absl::MutexLock lock(&job_mu_);
     job = std::move(job_);
-    reporters.swap(reporters_);
   }
   if (job != nullptr) job->loop->Stop();
-  for (std::thread& t : reporters) t.join();
+  reporters_.JoinAll();
   uploader_.reset();  // stops its stream; what was not acknowledged is lost with the process
   stop_loop_.Notify();
   loop_.join();
@@ -513,8 +511,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
            },
            .on_done =
                [this, job_id](const worker::LoopResult& result) {
-                 absl::MutexLock lock(&job_mu_);
-                 reporters_.emplace_back([this, job_id, result] { ReportOutcome(job_id, result); });
+                 reporters_.Run([this, job_id, result] { ReportOutcome(job_id, result); });
                },
            .metrics = &metrics_}));
   RETURN_IF_ERROR(loop->Start());

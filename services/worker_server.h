@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "common/background_tasks.h"
 #include "services/telemetry_uploader.h"
 #include "worker/executable_store.h"
 #include "worker/host_identity.h"
@@ -95,7 +96,7 @@ class WorkerServer {
   std::unique_ptr<TelemetryUploader> uploader_;
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);
-  std::vector<std::thread> reporters_ ABSL_GUARDED_BY(job_mu_);
+  BackgroundTasks reporters_;  // outcome reports, retried while the coordinator is away
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
