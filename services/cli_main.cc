@@ -31,6 +31,9 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
           "workers --expect / submit --follow: how long to wait");
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
 ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
+ABSL_FLAG(std::string, data, "",
+          "submit: token shard glob to train on (e.g. '.data/fortunes/*.tok'), or 'synthetic' "
+          "for seeded random tokens; empty: the bundle's own batches");
 ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
 ABSL_FLAG(int64_t, since_step, 0, "watch: first step to show (history first, then live)");
 
@@ -42,7 +45,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
     "  workers              list the coordinator's workers (--expect=N waits for N alive)\n"
-    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow)\n"
+    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --data, --follow)\n"
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
@@ -162,7 +165,9 @@ std::string ManifestText(v1::JobManifest job) {
 int Submit(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun submit <job.json>", 2);
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromBundle(
-      args[2], {.steps = absl::GetFlag(FLAGS_steps), .telemetry_cadence = absl::GetFlag(FLAGS_cadence)});
+      args[2], {.steps = absl::GetFlag(FLAGS_steps),
+                .telemetry_cadence = absl::GetFlag(FLAGS_cadence),
+                .data = absl::GetFlag(FLAGS_data)});
   if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
   auto stub = CoordinatorStub();
   v1::SubmitJobRequest request;
@@ -323,8 +328,10 @@ int Watch(const std::vector<std::string>& args) {
       first_series.push_back(summary.values(0).values(0));
       if (first_series.size() > 24) first_series.pop_front();
     }
-    std::printf(" %8.1fms  %s%s%s\n", summary.step_time_seconds() * 1e3,
-                Sparkline(first_series).c_str(), summary.partial() ? "  partial, missing: " : "",
+    std::printf(" %8.1fms  %s%s%s%s\n", summary.step_time_seconds() * 1e3,
+                Sparkline(first_series).c_str(),
+                summary.synthetic_data() ? "  SYNTHETIC DATA" : "",
+                summary.partial() ? "  partial, missing: " : "",
                 absl::StrJoin(summary.missing_hosts(), ",").c_str());
     std::fflush(stdout);
   }
