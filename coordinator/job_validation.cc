@@ -56,12 +56,12 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
     const std::string input = absl::StrCat(field, "[", i, "]");
     if (t.name() != "batch.tokens" && t.name() != "batch.doc_ids") {
       return Invalid(input + ".name",
-                     absl::StrCat(""", t.name(), "" is a batch input token data cannot fill; "
+                     absl::StrCat("\"", t.name(), "\" is a batch input token data cannot fill; "
                                   "data.token_shards_glob and data.synthetic fill batch.tokens "
                                   "and batch.doc_ids only"));
     }
     if (t.dtype() != "s32" || t.shape_size() != 2) {
-      return Invalid(input, absl::StrCat(""", t.name(), "" is ", t.dtype(), " of rank ",
+      return Invalid(input, absl::StrCat("\"", t.name(), "\" is ", t.dtype(), " of rank ",
                                          t.shape_size(), "; token data fills s32 [B, L]"));
     }
     (t.name() == "batch.tokens" ? tokens : doc_ids) = &t;
