@@ -67,7 +67,7 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
     (t.name() == "batch.tokens" ? tokens : doc_ids) = &t;
   }
   if (tokens == nullptr) {
-    return Invalid(field, absl::StrCat("has no batch.tokens s32 [B, L] for token data to fill"));
+    return Invalid(field, "has no batch.tokens s32 [B, L] for token data to fill");
   }
   if (doc_ids != nullptr &&
       (doc_ids->shape(0) != tokens->shape(0) || doc_ids->shape(1) > tokens->shape(1))) {
