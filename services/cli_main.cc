@@ -45,7 +45,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
     "  workers              list the coordinator's workers (--expect=N waits for N alive)\n"
-    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --data, --follow)\n"
+    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow)\n"
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
