@@ -1,8 +1,9 @@
 // Checks a submitted JobSpec before anything is scheduled, so a bad job is refused at submit
-// with the field named and no worker is touched. Pure function; thread-safe.
+// with the field named and no worker is touched. Thread-safe (no shared state).
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "meshrun/v1/job.pb.h"
 
 namespace meshrun::coordinator {
@@ -10,6 +11,13 @@ namespace meshrun::coordinator {
 // Errors: INVALID_ARGUMENT naming the field (e.g. "spec.telemetry[1].name \"los\" is not an
 // output of the step program") and, where there is one, the fix.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// The data receipt of the job's data source: for token shards, reads and validates every file
+// the glob matches (worker/token_shards.h); synthetic=true for synthetic data; empty for an
+// examples/ bundle. Call after ValidateJobSpec.
+// Errors: INVALID_ARGUMENT naming spec.data.token_shards_glob and the file (no match, a corrupt
+// or unreadable file, too few tokens for one batch.tokens row).
+absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec);
 
 // "A" for dense and Mamba-only models (one whole-step program), "B" for MoE (grad + apply).
 const char* CompileMode(v1::ModelFamily family);

@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <functional>
+
+#include "absl/strings/str_cat.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -18,6 +24,11 @@ v1::JobSpec GoodSpec() {
   v1::TensorSpec* out = spec.mutable_programs(1)->add_outputs();
   out->set_name("loss");
   out->set_dtype("f32");
+  v1::TensorSpec* tokens = spec.mutable_programs(1)->add_inputs();
+  tokens->set_name("batch.tokens");
+  tokens->set_dtype("s32");
+  tokens->add_shape(8);
+  tokens->add_shape(65);
   v1::TelemetryDeclaration* t = spec.add_telemetry();
   t->set_name("loss");
   t->set_combine(v1::COMBINE_MEAN);
@@ -56,6 +67,89 @@ TEST(JobValidationTest, EachRefusalNamesItsField) {
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
   }
+}
+
+// GoodSpec on token data: the step takes state, then batch.tokens s32 [8, 65].
+v1::JobSpec TokenSpec(const std::string& glob) {
+  v1::JobSpec spec = GoodSpec();
+  spec.mutable_data()->set_token_shards_glob(glob);
+  v1::Program* step = spec.mutable_programs(1);
+  const v1::TensorSpec tokens = step->inputs(0);
+  step->clear_inputs();
+  v1::TensorSpec* state = step->add_inputs();
+  state->set_name("state.w");
+  state->set_dtype("f32");
+  *step->add_inputs() = tokens;
+  spec.set_state_count(1);
+  return spec;
+}
+
+TEST(JobValidationTest, RefusesBatchInputsTokenDataCannotFill) {
+  const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_inputs(1)->set_name("batch.x"); },
+       "spec.programs[1].inputs[1].name \"batch.x\" is a batch input token data cannot fill"},
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_inputs(1)->set_dtype("f32"); },
+       "spec.programs[1].inputs[1] \"batch.tokens\" is f32 of rank 2"},
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_inputs(1)->add_shape(2); },
+       "is s32 of rank 3"},
+      {[](v1::JobSpec& s) { s.set_state_count(2); }, "spec.programs[1].inputs has no batch.tokens"},
+      {[](v1::JobSpec& s) { s.set_state_count(3); }, "spec.state_count is 3"},
+      {[](v1::JobSpec& s) {
+         v1::TensorSpec* ids = s.mutable_programs(1)->add_inputs();
+         ids->set_name("batch.doc_ids");
+         ids->set_dtype("s32");
+         ids->add_shape(8);
+         ids->add_shape(66);
+       },
+       "L' <= its L"},
+      {[](v1::JobSpec& s) { s.mutable_data()->set_global_batch(16); }, "spec.data.global_batch"},
+      {[](v1::JobSpec& s) { s.mutable_data()->set_sequence_length(64); },
+       "spec.data.sequence_length"},
+      {[](v1::JobSpec& s) { s.mutable_data()->set_synthetic(false); }, "spec.data.synthetic"},
+  };
+  for (const auto& [mutate, expected] : cases) {
+    v1::JobSpec spec = TokenSpec("/nonexistent/*.tok");
+    mutate(spec);
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_NE(status.message().find(expected), absl::string_view::npos)
+        << "wanted \"" << expected << "\" in: " << status.message();
+  }
+  v1::JobSpec ok = TokenSpec("/nonexistent/*.tok");
+  v1::TensorSpec* ids = ok.mutable_programs(1)->add_inputs();
+  ids->set_name("batch.doc_ids");
+  ids->set_dtype("s32");
+  ids->add_shape(8);
+  ids->add_shape(64);
+  EXPECT_TRUE(ValidateJobSpec(ok).ok()) << ValidateJobSpec(ok);
+  ok.mutable_data()->set_synthetic(true);
+  EXPECT_TRUE(ValidateJobSpec(ok).ok()) << ValidateJobSpec(ok);
+}
+
+TEST(JobValidationTest, DataReceiptNamesTheGlobAndFile) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("job_validation_test_", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string glob = (dir / "*.tok").string();
+
+  const absl::Status missing = ReadDataReceipt(TokenSpec(glob)).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("spec.data.token_shards_glob \"" + glob + "\""),
+            absl::string_view::npos) << missing;
+  EXPECT_NE(missing.message().find("no file matches"), absl::string_view::npos) << missing;
+
+  std::ofstream(dir / "a.tok") << "not a shard at all, just some bytes of text.........";
+  const absl::Status corrupt = ReadDataReceipt(TokenSpec(glob)).status();
+  EXPECT_EQ(corrupt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(corrupt.message().find((dir / "a.tok").string() + ": bad magic"),
+            absl::string_view::npos) << corrupt;
+
+  v1::JobSpec synthetic = GoodSpec();
+  absl::StatusOr<v1::DataReceipt> receipt = ReadDataReceipt(synthetic);
+  ASSERT_TRUE(receipt.ok()) << receipt.status();
+  EXPECT_TRUE(receipt->synthetic());
+  EXPECT_EQ(receipt->files_size(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(JobValidationTest, CompileModeFollowsModelFamily) {

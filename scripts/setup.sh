@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything meshrun needs on Debian 12, idempotently and without questions:
 # Debian packages (compilers, gRPC, protobuf, abseil, spdlog, GoogleTest, ...), then the PJRT
-# header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh).
-# A second run installs nothing and downloads nothing.
+# header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh), then the
+# main job's token shards from the fortunes package's text (.data/fortunes, docs/data.md).
+# A second run installs nothing, downloads nothing and rewrites no shard.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -11,6 +12,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libc-ares-dev libssl-dev libgtest-dev googletest libsqlite3-dev
   python3 python3-venv python3-pip
+  fortunes
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -27,4 +29,5 @@ else
 fi
 
 PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
+"$root/.venv/bin/python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
 echo "setup: done"

@@ -31,6 +31,9 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
           "workers --expect / submit --follow: how long to wait");
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
 ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
+ABSL_FLAG(std::string, data, "",
+          "submit: token shard glob to train on (e.g. '.data/fortunes/*.tok'), or 'synthetic' "
+          "for seeded random tokens; empty: the bundle's own batches");
 ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
@@ -170,7 +173,9 @@ std::string ManifestText(v1::JobManifest job) {
 int Submit(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun submit <job.json>", 2);
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromBundle(
-      args[2], {.steps = absl::GetFlag(FLAGS_steps), .telemetry_cadence = absl::GetFlag(FLAGS_cadence)});
+      args[2], {.steps = absl::GetFlag(FLAGS_steps),
+                .telemetry_cadence = absl::GetFlag(FLAGS_cadence),
+                .data = absl::GetFlag(FLAGS_data)});
   if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
   auto stub = CoordinatorStub();
   v1::SubmitJobRequest request;
@@ -331,8 +336,10 @@ int Watch(const std::vector<std::string>& args) {
       first_series.push_back(summary.values(0).values(0));
       if (first_series.size() > 24) first_series.pop_front();
     }
-    std::printf(" %8.1fms  %s%s%s\n", summary.step_time_seconds() * 1e3,
-                Sparkline(first_series).c_str(), summary.partial() ? "  partial, missing: " : "",
+    std::printf(" %8.1fms  %s%s%s%s\n", summary.step_time_seconds() * 1e3,
+                Sparkline(first_series).c_str(),
+                summary.synthetic_data() ? "  SYNTHETIC DATA" : "",
+                summary.partial() ? "  partial, missing: " : "",
                 absl::StrJoin(summary.missing_hosts(), ",").c_str());
     std::fflush(stdout);
   }

@@ -100,7 +100,11 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
                                               v1::SubmitJobResponse* response) {
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
   RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
+  ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
   response->set_job_id(jobs_->Add(request.spec()));
+  RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
+    *m.mutable_data_receipt() = std::move(receipt);
+  }));
   if (!request.spec().telemetry().empty()) {
     RETURN_IF_ERROR(telemetry_->DeclareJob(response->job_id(), request.spec()));
   }

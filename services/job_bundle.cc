@@ -93,7 +93,13 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
   }
   spec.set_telemetry_cadence(options.telemetry_cadence);
   spec.set_steps(options.steps);
-  spec.mutable_data()->set_example_bundle(std::filesystem::absolute(job_json_path).string());
+  if (options.data.empty()) {
+    spec.mutable_data()->set_example_bundle(std::filesystem::absolute(job_json_path).string());
+  } else if (options.data == "synthetic") {
+    spec.mutable_data()->set_synthetic(true);
+  } else {
+    spec.mutable_data()->set_token_shards_glob(std::filesystem::absolute(options.data).string());
+  }
   spec.mutable_data()->set_seed(job.seed);
   int dp = 1, tp = 1, ep = 1;
   for (size_t i = 0; i < job.mesh_axes.size(); ++i) {

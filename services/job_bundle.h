@@ -1,6 +1,7 @@
 // Turns an exported program bundle (examples/<model>/<variant>/job.json, written by
 // examples/export_examples.py) into the JobSpec a client submits: programs with their
-// declared signatures, the telemetry the bundle declares, and the bundle's data.
+// declared signatures, the telemetry the bundle declares, and the bundle's data (or the data
+// BundleOptions::data names).
 // Used by `meshrun submit` and tests. Thread-safe (no shared state).
 #pragma once
 
@@ -15,6 +16,9 @@ namespace meshrun::services {
 struct BundleOptions {
   int64_t steps = 100;
   int64_t telemetry_cadence = 10;
+  // Overrides the bundle's data: "" keeps it (data.example_bundle), "synthetic" asks for seeded
+  // random tokens by name, anything else is a token shard glob (made absolute).
+  std::string data;
 };
 
 // Errors: NOT_FOUND (a bundle file missing, named), INVALID_ARGUMENT (malformed bundle, the

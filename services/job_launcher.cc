@@ -105,7 +105,6 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
       (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
     }
     m.set_compile_mode(coordinator::CompileMode(spec.model_family()));
-    if (spec.data().synthetic()) m.mutable_data_receipt()->set_synthetic(true);
   }));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());

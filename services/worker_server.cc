@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "services/runtime_setup.h"
 #include "services/unary_reactor.h"
 #include "telemetry/combine.h"
+#include "worker/batch_sources.h"
 #include "worker/runtime/example_job.h"
 
 namespace meshrun::services {
@@ -387,8 +389,7 @@ WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
 
 namespace {
 
-// The batches of an examples/ bundle, cycled: the exporter's data until the token-shard reader
-// lands.
+// The batches of an examples/ bundle (the exporter's data), cycled.
 class ExampleBundleBatches final : public worker::BatchSource {
  public:
   explicit ExampleBundleBatches(std::vector<std::vector<runtime::HostArray>> batches)
@@ -432,6 +433,55 @@ const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role)
   return nullptr;
 }
 
+// The step's batches from the job's data source. Token shards and synthetic tokens fill only
+// the rows of this host's mesh partitions (worker/batch_sources.h).
+absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
+                                                                 const v1::Program& step,
+                                                                 const std::string& host) {
+  const v1::DataSource& data = manifest.spec().data();
+  if (data.has_example_bundle()) {
+    ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
+    if (bundle.batches.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.example_bundle ", data.example_bundle(), " has no batches"));
+    }
+    return std::make_unique<ExampleBundleBatches>(std::move(bundle.batches));
+  }
+  const v1::MeshAssignment& mesh = manifest.mesh();
+  std::vector<int64_t> partitions;
+  for (int p = 0; p < mesh.device_ids_size(); ++p) {
+    if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) partitions.push_back(p);
+  }
+  worker::TokenBatchSpec batch{.seed = static_cast<uint64_t>(data.seed())};
+  std::set<int64_t> rows;
+  for (int i = manifest.spec().state_count(); i < step.inputs_size(); ++i) {
+    const v1::TensorSpec& input = step.inputs(i);
+    if (input.shape_size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("batch input ", input.name(), " is not [B, L]"));
+    }
+    batch.inputs.push_back(input.name());
+    batch.batch = input.shape(0);
+    (input.name() == worker::kTokensInput ? batch.length : batch.doc_ids_length) = input.shape(1);
+    ASSIGN_OR_RETURN(std::vector<int64_t> held,
+                     worker::RowsHeld(input.shape(0),
+                                      input.sharding_size() > 0 ? input.sharding(0) : "",
+                                      {mesh.axis_names().begin(), mesh.axis_names().end()},
+                                      {mesh.shape().begin(), mesh.shape().end()}, partitions));
+    rows.insert(held.begin(), held.end());
+  }
+  batch.rows.assign(rows.begin(), rows.end());
+  if (data.synthetic()) return worker::MakeSyntheticBatches(std::move(batch));
+  ASSIGN_OR_RETURN(std::shared_ptr<const worker::TokenCorpus> corpus,
+                   worker::TokenCorpus::Open(data.token_shards_glob()));
+  if (corpus->receipt().sha256 != manifest.data_receipt().sha256()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data.token_shards_glob ", data.token_shards_glob(), " reads sha256 ",
+        corpus->receipt().sha256, " here, the job's data receipt says ",
+        manifest.data_receipt().sha256(), ": the files differ between hosts or changed"));
+  }
+  return worker::MakeTokenShardBatches(std::move(corpus), std::move(batch));
+}
+
 }  // namespace
 
 absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
@@ -447,10 +497,6 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   if (spec.model_family() == v1::MODEL_FAMILY_MOE) {
     return absl::UnimplementedError("mode B (grad + apply) jobs are not run by this worker yet");
   }
-  if (!spec.data().has_example_bundle()) {
-    return absl::UnimplementedError(
-        "this worker reads data.example_bundle only; token shards and synthetic data come next");
-  }
   {
     absl::MutexLock lock(&job_mu_);
     if (job_ != nullptr && !job_->loop->result().has_value()) {
@@ -462,13 +508,9 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   }
   ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
   ASSIGN_OR_RETURN(auto step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
-  ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(spec.data().example_bundle()));
-  if (bundle.batches.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("data.example_bundle ",
-                                                   spec.data().example_bundle(), " has no batches"));
-  }
-
   const v1::Program& step_program = *FindProgram(spec, "step");
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
+                   MakeBatches(manifest, step_program, config_.identity.host));
   worker::RunSpec run{.job_id = manifest.job_id(),
                       .host = config_.identity.host,
                       .num_state = spec.state_count(),
@@ -505,7 +547,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
            .init = std::move(init),
            .step = std::move(step),
            .spec = std::move(run),
-           .batches = std::make_unique<ExampleBundleBatches>(std::move(bundle.batches)),
+           .batches = std::move(batches),
            .sink = [this](worker::HostStepSummary summary) {
              uploader_->Enqueue(ToProto(summary));
            },

@@ -51,7 +51,9 @@
 namespace meshrun::worker {
 
 // Where a job's batches come from. Next() returns the GLOBAL arrays of the next step's batch, in
-// the step's batch-input order; the loop shards them per local device.
+// the step's batch-input order; the loop shards them per local device. Only the blocks of this
+// host's partitions are uploaded, so a source may leave the other hosts' rows zero
+// (worker/batch_sources.h fills only the host's data-parallel slice).
 // Thread-safety: the loop calls Next() from its prefetch thread only, once per step, in step
 // order, never concurrently. Next() should not block indefinitely: Stop() waits for a call in
 // progress.

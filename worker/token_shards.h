@@ -1,0 +1,63 @@
+// Real training data: token shard files (format in docs/data.md, written by
+// examples/make_token_shards.py) read and validated, and their data receipt. No RPC, no
+// runtime: the coordinator uses it at submit, the worker's batch sources (batch_sources.h) to
+// train.
+//
+// Thread-safety: TokenCorpus is immutable after Open and safe to share between threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace meshrun::worker {
+
+inline constexpr char kTokenShardMagic[8] = {'M', 'R', 'T', 'O', 'K', 'S', 'H', 'D'};
+inline constexpr uint32_t kTokenShardVersion = 1;
+inline constexpr int64_t kTokenShardHeaderBytes = 48;
+
+// What a job trained on (meshrun.v1.DataReceipt).
+struct DataReceipt {
+  std::vector<std::string> files;        // sorted, as the glob matched them
+  std::vector<std::string> file_sha256;  // one per file
+  int64_t bytes = 0;
+  std::string sha256;  // over the files' bytes concatenated in `files` order (cat | sha256sum)
+  int64_t tokens = 0;
+  int64_t documents = 0;
+  bool synthetic = false;
+};
+
+// Every shard of a glob, validated and held in memory as one token stream.
+class TokenCorpus {
+ public:
+  // Errors: INVALID_ARGUMENT when the glob is empty or matches no file, or a file is not a valid
+  // shard (bad magic, unsupported version, truncated or trailing bytes, a document start out of
+  // order or not on a BOS token, a token outside the vocabulary, a vocabulary or BOS differing
+  // from the first file's); NOT_FOUND / PERMISSION_DENIED / DATA_LOSS when a file cannot be
+  // read. Each message names the file.
+  static absl::StatusOr<std::shared_ptr<const TokenCorpus>> Open(const std::string& glob);
+
+  const DataReceipt& receipt() const { return receipt_; }
+  uint32_t vocab_size() const { return vocab_size_; }
+  uint32_t bos() const { return bos_; }
+  const std::vector<uint16_t>& tokens() const { return tokens_; }
+  // Stream position of each document's BOS token, increasing; document i ends where i+1 starts.
+  const std::vector<int64_t>& document_starts() const { return starts_; }
+  // How many documents start a window of `length` tokens that fits in the stream; windows are
+  // drawn from documents [0, n).
+  int64_t WindowCount(int64_t length) const;
+
+ private:
+  TokenCorpus() = default;
+
+  DataReceipt receipt_;
+  uint32_t vocab_size_ = 0;
+  uint32_t bos_ = 0;
+  std::vector<uint16_t> tokens_;
+  std::vector<int64_t> starts_;
+};
+
+}  // namespace meshrun::worker
