@@ -2,14 +2,27 @@
 // with the field named and no worker is touched. Pure function; thread-safe.
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "meshrun/v1/job.pb.h"
+#include "worker/sparse/mask_contract.h"
+#include "worker/sparse/plan_tables.h"
 
 namespace meshrun::coordinator {
 
 // Errors: INVALID_ARGUMENT naming the field (e.g. "spec.telemetry[1].name \"los\" is not an
 // output of the step program") and, where there is one, the fix.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// The mask contract of a job's sparse_attention (unchecked; ValidateJobSpec checks it).
+worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse);
+
+// The (table, step input name) pairs sparse_attention names, in PlanTable order.
+std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs(
+    const v1::SparseAttention& sparse);
 
 // "A" for dense and Mamba-only models (one whole-step program), "B" for MoE (grad + apply).
 const char* CompileMode(v1::ModelFamily family);
