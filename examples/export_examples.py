@@ -510,13 +510,19 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
     extra_shardings = (named(model.plan_specs(mesh)),) if sparse else ()
     _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0, *extra)
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
+    # keep_unused: the sparse step reads the documents only through the tables, but the job
+    # declares batch.doc_ids as an input, so the program must keep it.
     step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings) + extra_shardings,
-                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
+                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,),
+                   keep_unused=sparse)
 
     os.makedirs(out_dir, exist_ok=True)
     init_bc, _ = portable_artifact(init.lower(seed))
     step_bc, step_text = portable_artifact(step.lower(state_shapes, batch0, *extra))
     assert "tf.aliasing_output" in step_text, "state donation did not reach the program"
+    main = next(line for line in step_text.splitlines() if "func.func public @main" in line)
+    n_args = len(jax.tree.leaves((state_shapes, batch0) + extra))
+    assert main.count("%arg") == n_args, "the step program dropped an input"
     with open(os.path.join(out_dir, "init.mlirbc"), "wb") as f:
         f.write(init_bc)
     with open(os.path.join(out_dir, "step.mlirbc"), "wb") as f:

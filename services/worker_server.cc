@@ -12,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "coordinator/job_validation.h"
 #include "services/server_support.h"
 #include "services/coordinator_kv_client.h"
 #include "services/proto_convert.h"
@@ -19,6 +20,7 @@
 #include "services/unary_reactor.h"
 #include "telemetry/combine.h"
 #include "worker/runtime/example_job.h"
+#include "worker/sparse/plan_batches.h"
 
 namespace meshrun::services {
 namespace {
@@ -352,6 +354,31 @@ const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role)
   return nullptr;
 }
 
+// A sparse-attention job's batches: `inner` yields the step's batch inputs before the plan
+// tables (the job's last inputs, validated at submit); the tables are built per batch from its
+// doc ids with the contract's cached PlanBuilder.
+absl::StatusOr<std::unique_ptr<worker::BatchSource>> WithPlanTables(
+    std::unique_ptr<worker::BatchSource> inner, const v1::JobSpec& spec,
+    const v1::Program& step, worker::sparse::PlanCache& plans, worker::Metrics& metrics) {
+  const v1::SparseAttention& sparse = spec.sparse_attention();
+  ASSIGN_OR_RETURN(std::shared_ptr<const worker::sparse::PlanBuilder> builder,
+                   plans.GetOrCreate(coordinator::SparseContractOf(sparse)));
+  const auto named = coordinator::SparseTableInputs(sparse);
+  worker::sparse::PlanBatches::Config config{.inner = std::move(inner),
+                                             .builder = std::move(builder),
+                                             .doc_ids_index = -1,
+                                             .metrics = &metrics};
+  const int first_table = step.inputs_size() - static_cast<int>(named.size());
+  for (int i = spec.state_count(); i < step.inputs_size(); ++i) {
+    const std::string& name = step.inputs(i).name();
+    if (name == sparse.doc_ids_input()) config.doc_ids_index = i - spec.state_count();
+    for (const auto& [table, input] : named) {
+      if (i >= first_table && input == name) config.tables.push_back(table);
+    }
+  }
+  return worker::sparse::PlanBatches::Create(std::move(config));
+}
+
 }  // namespace
 
 absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
@@ -417,6 +444,12 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     }
     run.telemetry.push_back(std::move(output));
   }
+  std::unique_ptr<worker::BatchSource> batches =
+      std::make_unique<ExampleBundleBatches>(std::move(bundle.batches));
+  if (spec.has_sparse_attention()) {
+    ASSIGN_OR_RETURN(batches,
+                     WithPlanTables(std::move(batches), spec, step_program, plans_, metrics_));
+  }
   const std::string job_id = manifest.job_id();
   ASSIGN_OR_RETURN(
       std::unique_ptr<worker::StepLoop> loop,
@@ -425,7 +458,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
            .init = std::move(init),
            .step = std::move(step),
            .spec = std::move(run),
-           .batches = std::make_unique<ExampleBundleBatches>(std::move(bundle.batches)),
+           .batches = std::move(batches),
            .sink = [this](worker::HostStepSummary summary) {
              uploader_->Enqueue(ToProto(summary));
            },
