@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The block-sparse transformer (examples/transformer_lm/sparse_dp1) through the real binaries on
-# loopback: a coordinator and one worker (XLA's CPU PJRT plugin). The worker builds each batch's
+# loopback: a coordinator and one worker (XLA's CPU PJRT plugin, one device). The worker builds each batch's
 # plan tables from its document ids, and the boundaries move every batch; over 200 steps:
 #   1. the job SUCCEEDS, compiled once by the coordinator (cache miss);
 #   2. the worker loaded the step executable once (LoadTime: init + step = 2 samples), compiled
@@ -21,7 +21,8 @@ fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"
 wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 [ -f "$bundle" ] || fail "bundle $bundle missing"
 
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+# One CPU device each: the example is dp1 and a mesh spans every device of its hosts.
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --cpu_devices=1 \
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 wait_for "$tmp/coordinator.log" "listening on port" || fail "coordinator did not start"
@@ -29,7 +30,7 @@ port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" |
 cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
 field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
 "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
-  --worker_index=0 --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
+  --worker_index=0 --cpu_devices=1 --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"
 
