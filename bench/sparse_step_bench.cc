@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
               plan_s * 1e6, table_bytes);
 
   // Step: the sparse step through the runtime, tables already on device.
-  if (auto s = worker::sparse::AppendPlanTables(builder, 0, *job); !s.ok()) return Fail("tables", s);
+  if (auto s = worker::sparse::AppendPlanTables(builder, 0, *job); !s.ok()) {
+    return Fail("tables", s);
+  }
   auto rt = runtime::PjrtRuntime::Create(
       {.plugin_path = runtime::DefaultPjrtPluginPath(), .cpu_device_count = 8});
   if (!rt.ok()) return Fail("start runtime", rt.status());
@@ -100,7 +102,9 @@ int main(int argc, char** argv) {
   std::vector<double> step_times;
   for (int i = 0; i < steps; ++i) {
     const double start = bench::Now();
-    if (auto s = (*runner)->Step(3 + i, {job->loss_output}); !s.ok()) return Fail("step", s.status());
+    if (auto s = (*runner)->Step(3 + i, {job->loss_output}); !s.ok()) {
+      return Fail("step", s.status());
+    }
     step_times.push_back(bench::Now() - start);
   }
   const double step_s = bench::Median(step_times);

@@ -339,7 +339,8 @@ def sparse_attention(q, k, v, plan, c):
     vg = v.reshape(B, nkv, bkv, H, hd)[rows, data_next]
     tile = plan["block_mask"][rows, jnp.arange(nq)[None, :, None], data_next]  # [B, nq, W]
     in_grid = jnp.arange(W)[None, None, :] < plan["grid_width"][..., 0:1].astype(jnp.int32)
-    partial = plan["partial_masks"][rows, plan["mask_next"].astype(jnp.int32)] > 0  # [B,nq,W,bq,bkv]
+    # [B, nq, W, bq, bkv]
+    partial = plan["partial_masks"][rows, plan["mask_next"].astype(jnp.int32)] > 0
     allowed = jnp.where((tile == 2)[..., None, None], True, (tile == 1)[..., None, None] & partial)
     allowed = (allowed & in_grid[..., None, None]).transpose(0, 1, 3, 2, 4)  # [B, nq, bq, W, bkv]
     scores = jnp.einsum("bnqhd,bnwkhd->bhnqwk", q.reshape(B, nq, bq, H, hd), kg) / np.sqrt(hd)
@@ -505,7 +506,7 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
     batch0 = jax.tree.map(jnp.asarray, batches[0])
     # A sparse model's step also takes the plan tables (built per batch by the worker).
     sparse = hasattr(model, "contract")
-    plans = [model.contract.plans(b["doc_ids"]) for b in batches] if sparse else [None] * len(batches)
+    plans = [model.contract.plans(b["doc_ids"]) if sparse else None for b in batches]
     extra = (jax.tree.map(jnp.asarray, plans[0]),) if sparse else ()
     extra_shardings = (named(model.plan_specs(mesh)),) if sparse else ()
     _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0, *extra)
@@ -577,8 +578,8 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
     losses, norms, active = [], [], []
     for batch, plan in zip(batches, plans):
         batch = jax.device_put(batch, batch_shardings)
-        extra = (jax.device_put(plan, extra_shardings[0]),) if sparse else ()
-        state, metrics = step(state, batch, *extra)
+        tables = (jax.device_put(plan, extra_shardings[0]),) if sparse else ()
+        state, metrics = step(state, batch, *tables)
         losses.append(float(np.float32(metrics["loss"])))
         norms.append(float(np.float32(metrics["grad_norm"])))
         if sparse:

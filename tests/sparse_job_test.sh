@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The block-sparse transformer (examples/transformer_lm/sparse_dp1) through the real binaries on
-# loopback: a coordinator and one worker (XLA's CPU PJRT plugin, one device). The worker builds each batch's
-# plan tables from its document ids, and the boundaries move every batch; over 200 steps:
+# loopback: a coordinator and one worker (XLA's CPU PJRT plugin, one device). The worker builds
+# each batch's plan tables from its document ids, and the boundaries move every batch; over 200
+# steps:
 #   1. the job SUCCEEDS, compiled once by the coordinator (cache miss);
 #   2. the worker loaded the step executable once (LoadTime: init + step = 2 samples), compiled
 #      nothing but its telemetry reduction (CompileTime: 1), and planned once per step;
@@ -45,7 +46,8 @@ job=$(field job_id <"$tmp/job.txt")
 # 2. One load of init + step, one compile (the telemetry reduction), a plan per step.
 cli metrics worker-0 >"$tmp/metrics.txt" || fail "metrics failed"
 samples() { awk -v m="$1" '$1 == "Metric:" && $2 == m { getline; print $2 }' "$tmp/metrics.txt"; }
-[ "$(samples LoadTime)" = "2" ] || fail "LoadTime samples $(samples LoadTime), want 2: $(cat "$tmp/metrics.txt")"
+[ "$(samples LoadTime)" = "2" ] \
+  || fail "LoadTime samples $(samples LoadTime), want 2: $(cat "$tmp/metrics.txt")"
 [ "$(samples CompileTime)" = "1" ] || fail "CompileTime samples $(samples CompileTime), want 1"
 plans=$(samples PlanTime)
 # The prefetcher may have planned one batch ahead of the last step.
@@ -55,7 +57,8 @@ grep -q "Metric: ExecuteTime" "$tmp/metrics.txt" || fail "no ExecuteTime"
 
 # 3. active_tile_fraction is the third series; it is a fraction and it moves.
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" || fail "watch failed: $(cat "$tmp/watch.txt")"
-grep -q "metrics.active" "$tmp/watch.txt" || fail "no active_tile_fraction column: $(cat "$tmp/watch.txt")"
+grep -q "metrics.active" "$tmp/watch.txt" \
+  || fail "no active_tile_fraction column: $(cat "$tmp/watch.txt")"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$tmp/watch.txt" | wc -l)
 [ "$rows" -eq $((steps / 10)) ] || fail "watch rows $rows: $(cat "$tmp/watch.txt")"
 distinct=$(awk '$1 ~ /^[0-9]+$/ { print $4 }' "$tmp/watch.txt" | sort -u | wc -l)

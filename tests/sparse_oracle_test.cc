@@ -80,8 +80,8 @@ TEST(SparseOracle, LossAndActiveTilesMatchJax) {
   }
   EXPECT_GT(*std::max_element(fractions.begin(), fractions.end()),
             *std::min_element(fractions.begin(), fractions.end()));
-  std::printf("sparse_dp1: 20 steps with C++-built plan tables, max relative loss difference %.3g\n",
-              worst);
+  std::printf("sparse_dp1: 20 steps with C++-built plan tables, max relative loss difference "
+              "%.3g\n", worst);
 }
 
 }  // namespace

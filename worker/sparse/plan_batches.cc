@@ -9,7 +9,9 @@
 namespace meshrun::worker::sparse {
 
 absl::StatusOr<std::unique_ptr<PlanBatches>> PlanBatches::Create(Config config) {
-  if (config.inner == nullptr) return absl::InvalidArgumentError("PlanBatches needs an inner source");
+  if (config.inner == nullptr) {
+    return absl::InvalidArgumentError("PlanBatches needs an inner source");
+  }
   if (config.builder == nullptr) return absl::InvalidArgumentError("PlanBatches needs a builder");
   if (config.doc_ids_index < 0) return absl::InvalidArgumentError("doc_ids_index is negative");
   if (config.tables.empty()) return absl::InvalidArgumentError("PlanBatches appends no tables");

@@ -34,7 +34,8 @@ double Num(const google::protobuf::Struct& s, const std::string& key) {
 
 class Cycle final : public BatchSource {
  public:
-  explicit Cycle(std::vector<std::vector<runtime::HostArray>> batches) : batches_(std::move(batches)) {}
+  explicit Cycle(std::vector<std::vector<runtime::HostArray>> batches)
+      : batches_(std::move(batches)) {}
   absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
     return batches_[next_++ % batches_.size()];
   }
@@ -107,7 +108,8 @@ TEST(PlanBatchesTest, TablesMatchTheStepAndTheExporter) {
 
     if (step != 0) continue;
     // Batch 0 against the exporter's tables, entry by entry.
-    const auto golden = ReadJson(kDir + "/reference.json").fields().at("plan_batch0").struct_value();
+    const auto golden =
+        ReadJson(kDir + "/reference.json").fields().at("plan_batch0").struct_value();
     for (size_t t = 0; t < e.tables.size(); ++t) {
       if (e.tables[t] == PlanTable::kPartialMasks) continue;
       const runtime::HostArray& table = (*batch)[first - e.job.num_state + t];
@@ -115,7 +117,9 @@ TEST(PlanBatchesTest, TablesMatchTheStepAndTheExporter) {
       std::vector<int> flat;
       for (const auto& row : golden.fields().at(PlanTableName(e.tables[t])).list_value().values()) {
         for (const auto& r : row.list_value().values()) {
-          for (const auto& v : r.list_value().values()) flat.push_back(static_cast<int>(v.number_value()));
+          for (const auto& v : r.list_value().values()) {
+            flat.push_back(static_cast<int>(v.number_value()));
+          }
         }
       }
       ASSERT_EQ(flat.size(), table.bytes.size()) << PlanTableName(e.tables[t]);
