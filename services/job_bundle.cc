@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -66,18 +67,20 @@ absl::Status ParseSparseAttention(const google::protobuf::Struct& json, v1::Spar
   out->set_heads_per_plan(number("heads_per_plan"));
   out->set_doc_ids_input(text("doc_ids_input"));
   if (!f.contains("table_inputs")) return absl::OkStatus();
+  const std::map<std::string, std::string*> inputs = {
+      {"block_mask", out->mutable_block_mask_input()},
+      {"data_next", out->mutable_data_next_input()},
+      {"mask_next", out->mutable_mask_next_input()},
+      {"grid_width", out->mutable_grid_width_input()},
+      {"partial_masks", out->mutable_partial_masks_input()}};
   for (const auto& [table, name] : f.at("table_inputs").struct_value().fields()) {
-    const std::string& input = name.string_value();
-    if (table == "block_mask") out->set_block_mask_input(input);
-    else if (table == "data_next") out->set_data_next_input(input);
-    else if (table == "mask_next") out->set_mask_next_input(input);
-    else if (table == "grid_width") out->set_grid_width_input(input);
-    else if (table == "partial_masks") out->set_partial_masks_input(input);
-    else {
+    auto it = inputs.find(table);
+    if (it == inputs.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sparse_attention.table_inputs.", table,
           " is not block_mask, data_next, mask_next, grid_width or partial_masks"));
     }
+    *it->second = name.string_value();
   }
   return absl::OkStatus();
 }
