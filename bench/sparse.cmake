@@ -6,3 +6,13 @@ if(TARGET meshrun::worker::sparse)
 else()
   message(WARNING "meshrun::worker::sparse is not defined; skipping meshrun_sparse_plan_bench")
 endif()
+
+# Plan time per batch vs the sparse example's step through the runtime (needs the PJRT plugin).
+if(TARGET meshrun::worker::sparse::batches AND TARGET meshrun::worker::runtime::pjrt
+   AND TARGET meshrun::services)
+  add_executable(meshrun_sparse_step_bench ${CMAKE_CURRENT_LIST_DIR}/sparse_step_bench.cc)
+  target_link_libraries(meshrun_sparse_step_bench PRIVATE
+    meshrun::services meshrun::worker::sparse::batches meshrun::worker::runtime::examples
+    meshrun::worker::runtime::backends meshrun::worker::runtime::pjrt)
+  target_compile_definitions(meshrun_sparse_step_bench PRIVATE MESHRUN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+endif()

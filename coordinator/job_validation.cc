@@ -1,5 +1,6 @@
 #include "coordinator/job_validation.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -41,9 +42,16 @@ absl::Status CheckTensors(const google::protobuf::RepeatedPtrField<v1::TensorSpe
 }
 
 // Token shards and synthetic data fill `batch.tokens` s32 [B, L] and optionally
-// `batch.doc_ids` s32 [B, L'] (worker/batch_sources.h); any other batch input cannot be fed.
+// `batch.doc_ids` s32 [B, L'] (worker/batch_sources.h); the worker appends the sparse plan
+// tables itself; any other batch input cannot be fed.
 absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& program,
                                    int index) {
+  std::set<std::string> appended;
+  if (spec.has_sparse_attention()) {
+    for (const auto& [table, name] : SparseTableInputs(spec.sparse_attention())) {
+      appended.insert(name);
+    }
+  }
   const std::string field = absl::StrCat("programs[", index, "].inputs");
   if (spec.state_count() < 0 || spec.state_count() > program.inputs_size()) {
     return Invalid("state_count", absl::StrCat("is ", spec.state_count(), "; the ", program.role(),
@@ -54,6 +62,7 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
   for (int i = spec.state_count(); i < program.inputs_size(); ++i) {
     const v1::TensorSpec& t = program.inputs(i);
     const std::string input = absl::StrCat(field, "[", i, "]");
+    if (appended.contains(t.name())) continue;
     if (t.name() != "batch.tokens" && t.name() != "batch.doc_ids") {
       return Invalid(input + ".name",
                      absl::StrCat("\"", t.name(), "\" is a batch input token data cannot fill; "
@@ -100,6 +109,73 @@ const v1::Program* BatchProgram(const v1::JobSpec& spec, int* index) {
   return nullptr;
 }
 
+const v1::Program* FindStep(const v1::JobSpec& spec) {
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == "step") return &p;
+  }
+  return nullptr;
+}
+
+const v1::TensorSpec* FindInput(const v1::Program& program, const std::string& name, int* index) {
+  for (int i = 0; i < program.inputs_size(); ++i) {
+    if (program.inputs(i).name() == name) {
+      *index = i;
+      return &program.inputs(i);
+    }
+  }
+  return nullptr;
+}
+
+// The contract must be legal, the doc ids a step input, and every named table one of the
+// step's last inputs with exactly the layout the worker will build (plan_tables.h).
+absl::Status CheckSparseAttention(const v1::SparseAttention& sparse, const v1::Program& step) {
+  const worker::sparse::MaskContract contract = SparseContractOf(sparse);
+  if (absl::Status s = contract.Validate(); !s.ok()) {
+    return Invalid("sparse_attention", absl::StrCat("is not a legal mask contract: ", s.message()));
+  }
+  int doc_index = -1;
+  const v1::TensorSpec* doc_ids = FindInput(step, sparse.doc_ids_input(), &doc_index);
+  if (doc_ids == nullptr) {
+    return Invalid("sparse_attention.doc_ids_input",
+                   absl::StrCat("\"", sparse.doc_ids_input(), "\" is not an input of the step"));
+  }
+  if (doc_ids->dtype() != "s32" || doc_ids->shape_size() != 2 ||
+      doc_ids->shape(1) != contract.seq_len) {
+    return Invalid("sparse_attention.doc_ids_input",
+                   absl::StrCat("\"", doc_ids->name(), "\" must be s32 [rows, seq_len=",
+                                contract.seq_len, "]"));
+  }
+  const auto tables = SparseTableInputs(sparse);
+  if (tables.empty()) {
+    return Invalid("sparse_attention", "names no plan table input; set e.g. data_next_input");
+  }
+  const int first_table = step.inputs_size() - static_cast<int>(tables.size());
+  for (const auto& [table, name] : tables) {
+    const std::string field =
+        absl::StrCat("sparse_attention.", worker::sparse::PlanTableName(table), "_input");
+    int index = -1;
+    const v1::TensorSpec* input = FindInput(step, name, &index);
+    if (input == nullptr) {
+      return Invalid(field, absl::StrCat("\"", name, "\" is not an input of the step"));
+    }
+    if (index < first_table || index <= doc_index) {
+      return Invalid(field, absl::StrCat("\"", name, "\" must be among the step's last ",
+                                         tables.size(), " inputs (the worker appends the tables)"));
+    }
+    const worker::sparse::TableLayout layout =
+        worker::sparse::LayoutOf(contract, table, doc_ids->shape(0));
+    if (input->dtype() != layout.dtype ||
+        !std::equal(input->shape().begin(), input->shape().end(), layout.dims.begin(),
+                    layout.dims.end())) {
+      return Invalid(field, absl::StrCat("\"", name, "\" is ", input->dtype(), " [",
+                                         absl::StrJoin(input->shape(), ", "), "] but the contract",
+                                         " makes it ", layout.dtype, " [",
+                                         absl::StrJoin(layout.dims, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
@@ -135,6 +211,35 @@ absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
   receipt.set_tokens(read.tokens);
   receipt.set_documents(read.documents);
   return receipt;
+
+}
+
+worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse) {
+  worker::sparse::MaskContract c;
+  c.seq_len = sparse.seq_len();
+  c.causal = sparse.causal();
+  if (sparse.windowed()) c.window = worker::sparse::LocalWindow{sparse.window_left(),
+                                                                sparse.window_right()};
+  c.block_q = sparse.block_q();
+  c.block_kv = sparse.block_kv();
+  c.max_grid_width = sparse.max_grid_width();
+  c.heads_per_plan = sparse.heads_per_plan();
+  return c;
+}
+
+std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs(
+    const v1::SparseAttention& sparse) {
+  using worker::sparse::PlanTable;
+  std::vector<std::pair<PlanTable, std::string>> out;
+  for (const auto& [table, name] :
+       {std::pair{PlanTable::kBlockMask, sparse.block_mask_input()},
+        std::pair{PlanTable::kDataNext, sparse.data_next_input()},
+        std::pair{PlanTable::kMaskNext, sparse.mask_next_input()},
+        std::pair{PlanTable::kGridWidth, sparse.grid_width_input()},
+        std::pair{PlanTable::kPartialMasks, sparse.partial_masks_input()}}) {
+    if (!name.empty()) out.emplace_back(table, name);
+  }
+  return out;
 }
 
 const char* CompileMode(v1::ModelFamily family) {
@@ -212,6 +317,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     int index = 0;
     if (const v1::Program* program = BatchProgram(spec, &index); program != nullptr) {
       RETURN_IF_ERROR(CheckTokenBatchInputs(spec, *program, index));
+    }
+  }
+  if (spec.has_sparse_attention()) {
+    if (moe) return Invalid("sparse_attention", "is supported for mode A (step) jobs only");
+    if (absl::Status s = CheckSparseAttention(spec.sparse_attention(), *FindStep(spec)); !s.ok()) {
+      return s;
     }
   }
   const v1::MeshRequest& mesh = spec.mesh();

@@ -2,9 +2,15 @@
 // with the field named and no worker is touched. Thread-safe (no shared state).
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "meshrun/v1/job.pb.h"
+#include "worker/sparse/mask_contract.h"
+#include "worker/sparse/plan_tables.h"
 
 namespace meshrun::coordinator {
 
@@ -18,6 +24,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // Errors: INVALID_ARGUMENT naming spec.data.token_shards_glob and the file (no match, a corrupt
 // or unreadable file, too few tokens for one batch.tokens row).
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec);
+
+// The mask contract of a job's sparse_attention (unchecked; ValidateJobSpec checks it).
+worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse);
+
+// The (table, step input name) pairs sparse_attention names, in PlanTable order.
+std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs(
+    const v1::SparseAttention& sparse);
 
 // "A" for dense and Mamba-only models (one whole-step program), "B" for MoE (grad + apply).
 const char* CompileMode(v1::ModelFamily family);

@@ -152,6 +152,68 @@ TEST(JobValidationTest, DataReceiptNamesTheGlobAndFile) {
   std::filesystem::remove_all(dir);
 }
 
+// The exported sparse example's contract: 64 tokens, 16-token tiles, at most 3 per row, 8 rows.
+v1::JobSpec SparseSpec() {
+  v1::JobSpec spec = GoodSpec();
+  v1::Program* step = spec.mutable_programs(1);
+  auto input = [&](const char* name, const char* dtype, std::vector<int64_t> shape) {
+    v1::TensorSpec* t = step->add_inputs();
+    t->set_name(name);
+    t->set_dtype(dtype);
+    for (int64_t d : shape) t->add_shape(d);
+  };
+  input("batch.doc_ids", "s32", {8, 64});
+  input("batch.tokens", "s32", {8, 65});
+  input("plan.block_mask", "u8", {8, 4, 4});
+  input("plan.data_next", "u8", {8, 4, 3});
+  input("plan.partial_masks", "u8", {8, 12, 16, 16});
+  v1::SparseAttention* sparse = spec.mutable_sparse_attention();
+  sparse->set_seq_len(64);
+  sparse->set_causal(true);
+  sparse->set_windowed(true);
+  sparse->set_window_left(32);
+  sparse->set_block_q(16);
+  sparse->set_block_kv(16);
+  sparse->set_max_grid_width(3);
+  sparse->set_heads_per_plan(4);
+  sparse->set_doc_ids_input("batch.doc_ids");
+  sparse->set_block_mask_input("plan.block_mask");
+  sparse->set_data_next_input("plan.data_next");
+  sparse->set_partial_masks_input("plan.partial_masks");
+  return spec;
+}
+
+TEST(JobValidationTest, SparseAttentionContractIsChecked) {
+  EXPECT_TRUE(ValidateJobSpec(SparseSpec()).ok()) << ValidateJobSpec(SparseSpec());
+  const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_block_q(24); },
+       "block_q=24 does not divide seq_len=64"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_window_left(64); },
+       "window.left=64 is wider than the sequence"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_max_grid_width(0); },
+       "max_grid_width=0 must be positive"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_doc_ids_input("batch.docs"); },
+       "spec.sparse_attention.doc_ids_input \"batch.docs\" is not an input"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_seq_len(128); },
+       "spec.sparse_attention.doc_ids_input \"batch.doc_ids\" must be s32 [rows, seq_len=128]"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_data_next_input("batch.tokens"); },
+       "spec.sparse_attention.data_next_input \"batch.tokens\" must be among the step's last 3"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_max_grid_width(2); },
+       "spec.sparse_attention.data_next_input \"plan.data_next\" is u8 [8, 4, 3] but the "
+       "contract makes it u8 [8, 4, 2]"},
+      {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_grid_width_input("plan.gw"); },
+       "spec.sparse_attention.grid_width_input \"plan.gw\" is not an input"},
+  };
+  for (const auto& [mutate, expected] : cases) {
+    v1::JobSpec spec = SparseSpec();
+    mutate(spec);
+    const absl::Status status = ValidateJobSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_NE(status.message().find(expected), absl::string_view::npos)
+        << "wanted \"" << expected << "\" in: " << status.message();
+  }
+}
+
 TEST(JobValidationTest, CompileModeFollowsModelFamily) {
   EXPECT_STREQ(CompileMode(v1::MODEL_FAMILY_DENSE), "A");
   EXPECT_STREQ(CompileMode(v1::MODEL_FAMILY_MAMBA), "A");

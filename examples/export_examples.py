@@ -11,6 +11,9 @@ tensor parallel over "model"), it writes:
                                  sharding), donation, data layout, telemetry declarations
   <model>/<mesh>/reference.json  what JAX itself computes: loss and grad norm of 20 steps
   <model>/data.bin               the 20 global batches, row-major little-endian, step after step
+  transformer_lm/sparse_dp1/     the LM on packed documents with block-sparse attention: its step
+                                 also takes batch.doc_ids and the plan tables the worker builds per
+                                 batch (job.json "sparse_attention"); data in sparse_data.bin
   jax_compile_options/partitions_{1,8}.pb
                                  JAX's own serialized CompileOptions for 1 and 8 partitions,
                                  the reference for worker/runtime/compile_options_test.cc
@@ -50,7 +53,8 @@ STEPS = 20
 SEED = 0
 MESHES = {"dp1": (1, 1), "dp8": (8, 1), "dp4_tp2": (4, 2)}
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DTYPE_NAMES = {"float32": "f32", "int32": "s32", "uint32": "u32"}  # meshrun's dtype names
+DTYPE_NAMES = {"float32": "f32", "int32": "s32", "uint32": "u32",  # meshrun's dtype names
+               "uint8": "u8", "uint16": "u16"}
 
 
 # ---------------------------------------------------------------- sharding helpers
@@ -255,15 +259,205 @@ class TransformerLm:
         return batches
 
 
+# ---------------------------------------------------------------- (c) block-sparse transformer LM
+
+def index_dtype(max_value):
+    """The narrowest unsigned type holding max_value: worker/sparse/block_plan.h's IndexTable."""
+    return np.uint8 if max_value <= 0xFF else np.uint16 if max_value <= 0xFFFF else np.uint32
+
+
+class SparseContract:
+    """worker/sparse/mask_contract.h's MaskContract (causal + local window), with the shapes
+    and element types of the plan tables the worker builds for it, one plan per batch row."""
+
+    def __init__(self, seq_len, window_left, block_q, block_kv, max_grid_width, heads_per_plan):
+        self.seq_len, self.window_left = seq_len, window_left
+        self.block_q, self.block_kv = block_q, block_kv
+        self.width, self.heads_per_plan = max_grid_width, heads_per_plan
+        self.nq, self.nkv = seq_len // block_q, seq_len // block_kv
+        self.capacity = min(self.nq, self.nkv) * max_grid_width  # partial masks per row
+
+    def table_types(self):
+        return {"block_mask": np.uint8, "data_next": index_dtype(self.nkv - 1),
+                "mask_next": index_dtype(self.capacity - 1), "grid_width": index_dtype(self.width),
+                "partial_masks": np.uint8}
+
+    def token_mask(self, doc):
+        """The dense reference: same document, causal, at most window_left keys back."""
+        q, k = np.arange(self.seq_len)[:, None], np.arange(self.seq_len)[None, :]
+        return (doc[:, None] == doc[None, :]) & (k <= q) & (k >= q - self.window_left)
+
+    def plan(self, doc):
+        """The tables of one row, exactly as PlanBuilder::Build lays them out: data_next lists a
+        row's non-skipped kv blocks ascending, padded by repeating the last; mask_next indexes
+        the partial masks (numbered in row-major first-seen order), carrying the previous index
+        through full tiles and padding; partial masks zero-padded to `capacity`."""
+        bq, bkv, W = self.block_q, self.block_kv, self.width
+        tiles = self.token_mask(doc).reshape(self.nq, bq, self.nkv, bkv).transpose(0, 2, 1, 3)
+        active, full = tiles.any(axis=(2, 3)), tiles.all(axis=(2, 3))
+        assert active.sum(0).max() <= W and active.sum(1).max() <= W, "max_grid_width too small"
+        types = self.table_types()
+        block_mask = np.where(full, 2, np.where(active, 1, 0)).astype(types["block_mask"])
+        data_next = np.zeros((self.nq, W), types["data_next"])
+        mask_next = np.zeros((self.nq, W), types["mask_next"])
+        grid_width = np.zeros((self.nq, 1), types["grid_width"])
+        masks, index = [], {}
+        for i in range(self.nq):
+            blocks = np.nonzero(active[i])[0]
+            block = mask = 0
+            for w in range(W):
+                if w < len(blocks):
+                    block = blocks[w]
+                    if block_mask[i, block] == 1:
+                        key = tiles[i, block].tobytes()
+                        if key not in index:
+                            index[key] = len(masks)
+                            masks.append(tiles[i, block])
+                        mask = index[key]
+                data_next[i, w], mask_next[i, w] = block, mask
+            grid_width[i, 0] = len(blocks)
+        partial = np.zeros((self.capacity, bq, bkv), np.uint8)
+        partial[: len(masks)] = np.array(masks, np.uint8).reshape(-1, bq, bkv)
+        return {"block_mask": block_mask, "data_next": data_next, "mask_next": mask_next,
+                "grid_width": grid_width, "partial_masks": partial}
+
+    def plans(self, doc_ids):
+        rows = [self.plan(d) for d in doc_ids]
+        return {name: np.stack([r[name] for r in rows]) for name in rows[0]}
+
+
+def sparse_attention(q, k, v, plan, c):
+    """Block-sparse attention from the plan tables: per q block, gather the max_grid_width kv
+    blocks data_next lists, mask padding entries (w >= grid_width) and skipped tiles, apply the
+    partial tile's token mask, softmax over the gathered keys only. Shapes never depend on the
+    documents: q/k/v [B, T, H, hd] -> [B, T, H * hd]."""
+    B, T, H, hd = q.shape
+    nq, nkv, bq, bkv, W = c.nq, c.nkv, c.block_q, c.block_kv, c.width
+    rows = jnp.arange(B)[:, None, None]
+    data_next = plan["data_next"].astype(jnp.int32)                       # [B, nq, W]
+    kg = k.reshape(B, nkv, bkv, H, hd)[rows, data_next]                     # [B, nq, W, bkv, H, hd]
+    vg = v.reshape(B, nkv, bkv, H, hd)[rows, data_next]
+    tile = plan["block_mask"][rows, jnp.arange(nq)[None, :, None], data_next]  # [B, nq, W]
+    in_grid = jnp.arange(W)[None, None, :] < plan["grid_width"][..., 0:1].astype(jnp.int32)
+    # [B, nq, W, bq, bkv]
+    partial = plan["partial_masks"][rows, plan["mask_next"].astype(jnp.int32)] > 0
+    allowed = jnp.where((tile == 2)[..., None, None], True, (tile == 1)[..., None, None] & partial)
+    allowed = (allowed & in_grid[..., None, None]).transpose(0, 1, 3, 2, 4)  # [B, nq, bq, W, bkv]
+    scores = jnp.einsum("bnqhd,bnwkhd->bhnqwk", q.reshape(B, nq, bq, H, hd), kg) / np.sqrt(hd)
+    scores = jnp.where(allowed[:, None], scores, -1e9).reshape(B, H, nq, bq, W * bkv)
+    probs = jax.nn.softmax(scores, axis=-1).reshape(B, H, nq, bq, W, bkv)
+    return jnp.einsum("bhnqwk,bnwkhd->bnqhd", probs, vg).reshape(B, T, H * hd)
+
+
+def dense_masked_attention(q, k, v, doc_ids, c):
+    """The reference: full [T, T] scores with the token mask of every row."""
+    B, T, H, hd = q.shape
+    mask = jnp.asarray(np.stack([c.token_mask(d) for d in np.asarray(doc_ids)]))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, -1e9), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, T, H * hd)
+
+
+class SparseTransformerLm(TransformerLm):
+    """transformer_lm on packed documents (batch.doc_ids) with block-sparse attention: causal,
+    same document, at most 32 keys back; 16-token tiles, at most 3 per row (of 4)."""
+    variant_prefix = "sparse_"
+    meshes = ("dp1",)
+    data_file = "sparse_data.bin"
+    contract = SparseContract(seq_len=64, window_left=32, block_q=16, block_kv=16,
+                              max_grid_width=3, heads_per_plan=TransformerLm.heads)
+
+    def batch_specs(self, mesh):
+        return {"doc_ids": spec(mesh, "data", None), "tokens": spec(mesh, "data", None)}
+
+    def plan_specs(self, mesh):
+        return {name: spec(mesh, "data", None, None, None) if name == "partial_masks"
+                else spec(mesh, "data", None, None) for name in self.contract.table_types()}
+
+    def loss(self, params, batch, plan):
+        tokens = batch["tokens"]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        B, T = inputs.shape
+        H, hd = self.heads, self.d // self.heads
+        x = params["embed"][inputs] + params["pos"][None, :T]
+
+        def block(x, lp):
+            h = self.rmsnorm(x, lp["ln1"])
+            q = (h @ lp["wq"]).reshape(B, T, H, hd)
+            k = (h @ lp["wk"]).reshape(B, T, H, hd)
+            v = (h @ lp["wv"]).reshape(B, T, H, hd)
+            x = x + sparse_attention(q, k, v, plan, self.contract) @ lp["wo"]
+            h = self.rmsnorm(x, lp["ln2"])
+            return x + jax.nn.gelu(h @ lp["w1"]) @ lp["w2"], None
+
+        x, _ = jax.lax.scan(block, x, params["layers"])
+        logits = self.rmsnorm(x, params["ln_f"]) @ params["unembed"]
+        logp = jax.nn.log_softmax(logits)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        active = jnp.mean((plan["block_mask"] > 0).astype(jnp.float32))
+        return jnp.mean(nll), {"active_tile_fraction": active}
+
+    def telemetry(self):
+        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
+                ("active_tile_fraction", [], "mean")]
+
+    def data(self, steps):
+        """Rows packed from whole documents of 1-4 generated sentences, cut at seq+1 tokens;
+        doc_ids numbers the documents of each row from 0, so the boundaries move every batch."""
+        rng = np.random.RandomState(7)
+        subjects = ["the planner", "a worker", "the kernel", "one tile", "every row"]
+        verbs = ["skips", "masks", "gathers", "packs", "plans", "visits"]
+        objects = ["the block", "a document", "its partial tile", "the window", "all heads"]
+        batches = []
+        for _ in range(steps):
+            tokens, doc_ids = [], []
+            for _ in range(self.batch):
+                text, docs, doc = b"", [], 0
+                while len(text) < self.seq + 1:
+                    sentences = "".join(
+                        f"{subjects[rng.randint(5)]} {verbs[rng.randint(6)]} "
+                        f"{objects[rng.randint(5)]}. " for _ in range(1 + rng.randint(4)))
+                    text += sentences.encode()
+                    docs += [doc] * len(sentences)
+                    doc += 1
+                tokens.append(np.frombuffer(text[: self.seq + 1], np.uint8))
+                doc_ids.append(docs[: self.seq])  # the document of each input position
+            batches.append({"doc_ids": np.array(doc_ids, np.int32),
+                            "tokens": np.stack(tokens).astype(np.int32)})
+        return batches
+
+    def check_attention(self, batches):
+        """Sparse vs dense masked attention on random q/k/v for every batch's documents."""
+        c, worst = self.contract, 0.0
+        key = jax.random.key(3)
+        for batch in batches:
+            key, kq, kk, kv = jax.random.split(key, 4)
+            shape = (self.batch, self.seq, self.heads, self.d // self.heads)
+            q, k, v = (jax.random.normal(x, shape) for x in (kq, kk, kv))
+            plan = jax.tree.map(jnp.asarray, c.plans(batch["doc_ids"]))
+            diff = jnp.max(jnp.abs(sparse_attention(q, k, v, plan, c) -
+                                   dense_masked_attention(q, k, v, batch["doc_ids"], c)))
+            worst = max(worst, float(diff))
+        assert worst < 1e-5, f"sparse attention differs from dense masked attention by {worst}"
+        return worst
+
+
 # ---------------------------------------------------------------- programs
 
 def make_step(model):
-    def step(state, batch):
-        (loss, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], batch)
+    def train(state, *inputs):
+        (loss, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], *inputs)
         params, opt = adam(state["params"], grads, state["opt"], model.lr)
         metrics = {"loss": loss, "grad_norm": global_norm(grads), **aux}
         return {"params": params, "opt": opt}, metrics
-    return step
+
+    def step(state, batch):
+        return train(state, batch)
+
+    def sparse_step(state, batch, plan):  # the plan tables are inputs of their own
+        return train(state, batch, plan)
+
+    return sparse_step if hasattr(model, "contract") else step
 
 
 def portable_artifact(lowered):
@@ -310,15 +504,26 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
     state_shapes = jax.eval_shape(model.init, seed)
     step_fn = make_step(model)
     batch0 = jax.tree.map(jnp.asarray, batches[0])
-    _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0)
+    # A sparse model's step also takes the plan tables (built per batch by the worker).
+    sparse = hasattr(model, "contract")
+    plans = [model.contract.plans(b["doc_ids"]) if sparse else None for b in batches]
+    extra = (jax.tree.map(jnp.asarray, plans[0]),) if sparse else ()
+    extra_shardings = (named(model.plan_specs(mesh)),) if sparse else ()
+    _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0, *extra)
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
-    step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
-                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
+    # keep_unused: the sparse step reads the documents only through the tables, but the job
+    # declares batch.doc_ids as an input, so the program must keep it.
+    step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings) + extra_shardings,
+                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,),
+                   keep_unused=sparse)
 
     os.makedirs(out_dir, exist_ok=True)
     init_bc, _ = portable_artifact(init.lower(seed))
-    step_bc, step_text = portable_artifact(step.lower(state_shapes, batch0))
+    step_bc, step_text = portable_artifact(step.lower(state_shapes, batch0, *extra))
     assert "tf.aliasing_output" in step_text, "state donation did not reach the program"
+    main = next(line for line in step_text.splitlines() if "func.func public @main" in line)
+    n_args = len(jax.tree.leaves((state_shapes, batch0) + extra))
+    assert main.count("%arg") == n_args, "the step program dropped an input"
     with open(os.path.join(out_dir, "init.mlirbc"), "wb") as f:
         f.write(init_bc)
     with open(os.path.join(out_dir, "step.mlirbc"), "wb") as f:
@@ -326,13 +531,14 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
 
     state_entries = array_entries(state_shapes, state_specs, mesh, "state")
     batch_entries = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
+    plan_entries = array_entries(extra[0], model.plan_specs(mesh), mesh, "plan") if sparse else []
     metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
     metric_entries = array_entries(metric_shapes, metric_specs, mesh, "metrics")
     seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
                   "shard_shape": []}
     n_state = len(state_entries)
     job = {
-        "name": f"{model.name}/{mesh_name}",
+        "name": f"{model.name}/{getattr(model, 'variant_prefix', '')}{mesh_name}",
         "model_family": model.family,
         "mesh": {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
                  "device_ids": list(range(dp * tp))},
@@ -340,7 +546,7 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
             "init": {"file": "init.mlirbc", "format": "mlir",
                      "inputs": [seed_entry], "outputs": state_entries},
             "step": {"file": "step.mlirbc", "format": "mlir",
-                     "inputs": state_entries + batch_entries,
+                     "inputs": state_entries + batch_entries + plan_entries,
                      "outputs": state_entries + metric_entries,
                      # state in, state out: inputs [0, n) alias outputs [0, n)
                      "donated_inputs": list(range(n_state))},
@@ -352,20 +558,41 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
         "reference": "reference.json",
         "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
     }
+    if sparse:
+        c = model.contract
+        # The static contract the step was compiled for (worker/sparse/mask_contract.h) and
+        # the step inputs the worker fills with each batch's tables (JobSpec.sparse_attention).
+        job["sparse_attention"] = {
+            "seq_len": c.seq_len, "causal": True, "window_left": c.window_left,
+            "window_right": 0, "block_q": c.block_q, "block_kv": c.block_kv,
+            "max_grid_width": c.width, "heads_per_plan": c.heads_per_plan,
+            "doc_ids_input": "batch.doc_ids",
+            "table_inputs": {name: f"plan.{name}" for name in c.table_types()},
+        }
     with open(os.path.join(out_dir, "job.json"), "w") as f:
         json.dump(job, f, indent=1)
         f.write("\n")
 
     # The reference: JAX runs the same jitted functions on its own CPU backend.
     state = init(seed)
-    losses, norms = [], []
-    for batch in batches:
+    losses, norms, active = [], [], []
+    for batch, plan in zip(batches, plans):
         batch = jax.device_put(batch, batch_shardings)
-        state, metrics = step(state, batch)
+        tables = (jax.device_put(plan, extra_shardings[0]),) if sparse else ()
+        state, metrics = step(state, batch, *tables)
         losses.append(float(np.float32(metrics["loss"])))
         norms.append(float(np.float32(metrics["grad_norm"])))
+        if sparse:
+            active.append(float(np.float32(metrics["active_tile_fraction"])))
     reference = {"backend": f"jax {jax.__version__} cpu", "seed": SEED, "steps": len(batches),
                  "loss": losses, "grad_norm": norms}
+    if sparse:
+        reference["active_tile_fraction"] = active
+        reference["sparse_vs_dense_attention_max_abs_diff"] = model.check_attention(batches)
+        # Batch 0's tables (all but the partial masks' bytes), for the C++ planner's test.
+        reference["plan_batch0"] = {
+            name: plans[0][name].tolist() for name in ("block_mask", "data_next", "mask_next",
+                                                       "grid_width")}
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f, indent=1)
         f.write("\n")
@@ -392,14 +619,16 @@ def write_compile_options(out_dir):
 def export_all(out_root, quiet=False):
     jax.config.update("jax_enable_x64", False)
     write_compile_options(os.path.join(out_root, "jax_compile_options"))
-    for model in (Mlp(), TransformerLm()):
+    for model in (Mlp(), TransformerLm(), SparseTransformerLm()):
         batches = model.data(STEPS)
-        write_data(batches, os.path.join(out_root, model.name, "data.bin"))
-        for mesh_name in MESHES:
-            losses = export_variant(model, mesh_name, os.path.join(out_root, model.name, mesh_name),
-                                    batches, "../data.bin")
+        data_file = getattr(model, "data_file", "data.bin")
+        write_data(batches, os.path.join(out_root, model.name, data_file))
+        for mesh_name in getattr(model, "meshes", MESHES):
+            variant = getattr(model, "variant_prefix", "") + mesh_name
+            losses = export_variant(model, mesh_name, os.path.join(out_root, model.name, variant),
+                                    batches, "../" + data_file)
             if not quiet:
-                print(f"{model.name}/{mesh_name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+                print(f"{model.name}/{variant}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 def outputs_of(root):

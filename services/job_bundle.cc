@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -45,6 +46,43 @@ absl::StatusOr<v1::Combine> ParseCombineName(const std::string& name) {
         absl::StrCat("telemetry combine \"", name, "\" is not mean, max, min, sum or last"));
   }
   return combine;
+}
+
+// The bundle's "sparse_attention" object (examples/export_examples.py) as the JobSpec's
+// contract; ValidateJobSpec checks the values at submit.
+absl::Status ParseSparseAttention(const google::protobuf::Struct& json, v1::SparseAttention* out) {
+  const auto& f = json.fields();
+  auto number = [&](const char* key) {
+    return f.contains(key) ? static_cast<int32_t>(f.at(key).number_value()) : 0;
+  };
+  auto text = [&](const char* key) { return f.contains(key) ? f.at(key).string_value() : ""; };
+  out->set_seq_len(number("seq_len"));
+  out->set_causal(f.contains("causal") && f.at("causal").bool_value());
+  out->set_windowed(f.contains("window_left") || f.contains("window_right"));
+  out->set_window_left(number("window_left"));
+  out->set_window_right(number("window_right"));
+  out->set_block_q(number("block_q"));
+  out->set_block_kv(number("block_kv"));
+  out->set_max_grid_width(number("max_grid_width"));
+  out->set_heads_per_plan(number("heads_per_plan"));
+  out->set_doc_ids_input(text("doc_ids_input"));
+  if (!f.contains("table_inputs")) return absl::OkStatus();
+  const std::map<std::string, std::string*> inputs = {
+      {"block_mask", out->mutable_block_mask_input()},
+      {"data_next", out->mutable_data_next_input()},
+      {"mask_next", out->mutable_mask_next_input()},
+      {"grid_width", out->mutable_grid_width_input()},
+      {"partial_masks", out->mutable_partial_masks_input()}};
+  for (const auto& [table, name] : f.at("table_inputs").struct_value().fields()) {
+    auto it = inputs.find(table);
+    if (it == inputs.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse_attention.table_inputs.", table,
+          " is not block_mask, data_next, mask_next, grid_width or partial_masks"));
+    }
+    *it->second = name.string_value();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -90,6 +128,10 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
         }
       }
     }
+  }
+  if (fields.contains("sparse_attention")) {
+    RETURN_IF_ERROR(ParseSparseAttention(fields.at("sparse_attention").struct_value(),
+                                         spec.mutable_sparse_attention()));
   }
   spec.set_telemetry_cadence(options.telemetry_cadence);
   spec.set_steps(options.steps);

@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "coordinator/job_validation.h"
 #include "services/server_support.h"
 #include "services/coordinator_kv_client.h"
 #include "services/proto_convert.h"
@@ -21,6 +22,7 @@
 #include "telemetry/combine.h"
 #include "worker/batch_sources.h"
 #include "worker/runtime/example_job.h"
+#include "worker/sparse/plan_batches.h"
 
 namespace meshrun::services {
 namespace {
@@ -454,7 +456,13 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
   }
   worker::TokenBatchSpec batch{.seed = static_cast<uint64_t>(data.seed())};
   std::set<int64_t> rows;
-  for (int i = manifest.spec().state_count(); i < step.inputs_size(); ++i) {
+  // A sparse job's last inputs are the plan tables, appended by WithPlanTables.
+  const int batch_end =
+      step.inputs_size() -
+      (manifest.spec().has_sparse_attention()
+           ? static_cast<int>(coordinator::SparseTableInputs(manifest.spec().sparse_attention()).size())
+           : 0);
+  for (int i = manifest.spec().state_count(); i < batch_end; ++i) {
     const v1::TensorSpec& input = step.inputs(i);
     if (input.shape_size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("batch input ", input.name(), " is not [B, L]"));
@@ -480,6 +488,31 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
         manifest.data_receipt().sha256(), ": the files differ between hosts or changed"));
   }
   return worker::MakeTokenShardBatches(std::move(corpus), std::move(batch));
+}
+
+// A sparse-attention job's batches: `inner` yields the step's batch inputs before the plan
+// tables (the job's last inputs, validated at submit); the tables are built per batch from its
+// doc ids with the contract's cached PlanBuilder.
+absl::StatusOr<std::unique_ptr<worker::BatchSource>> WithPlanTables(
+    std::unique_ptr<worker::BatchSource> inner, const v1::JobSpec& spec,
+    const v1::Program& step, worker::sparse::PlanCache& plans, worker::Metrics& metrics) {
+  const v1::SparseAttention& sparse = spec.sparse_attention();
+  ASSIGN_OR_RETURN(std::shared_ptr<const worker::sparse::PlanBuilder> builder,
+                   plans.GetOrCreate(coordinator::SparseContractOf(sparse)));
+  const auto named = coordinator::SparseTableInputs(sparse);
+  worker::sparse::PlanBatches::Config config{.inner = std::move(inner),
+                                             .builder = std::move(builder),
+                                             .doc_ids_index = -1,
+                                             .metrics = &metrics};
+  const int first_table = step.inputs_size() - static_cast<int>(named.size());
+  for (int i = spec.state_count(); i < step.inputs_size(); ++i) {
+    const std::string& name = step.inputs(i).name();
+    if (name == sparse.doc_ids_input()) config.doc_ids_index = i - spec.state_count();
+    for (const auto& [table, input] : named) {
+      if (i >= first_table && input == name) config.tables.push_back(table);
+    }
+  }
+  return worker::sparse::PlanBatches::Create(std::move(config));
 }
 
 }  // namespace
@@ -538,6 +571,10 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
       if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
     }
     run.telemetry.push_back(std::move(output));
+  }
+  if (spec.has_sparse_attention()) {
+    ASSIGN_OR_RETURN(batches,
+                     WithPlanTables(std::move(batches), spec, step_program, plans_, metrics_));
   }
   const std::string job_id = manifest.job_id();
   ASSIGN_OR_RETURN(

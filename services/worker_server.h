@@ -30,6 +30,7 @@
 #include "worker/host_identity.h"
 #include "worker/metrics.h"
 #include "worker/runtime/runtime.h"
+#include "worker/sparse/plan_cache.h"
 #include "worker/step_loop.h"
 
 namespace meshrun::services {
@@ -93,6 +94,7 @@ class WorkerServer {
   std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin
   std::unique_ptr<worker::ExecutableStore> executables_;
   worker::Metrics metrics_;
+  worker::sparse::PlanCache plans_;  // one PlanBuilder per sparse-attention contract
   std::unique_ptr<TelemetryUploader> uploader_;
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);

@@ -1,0 +1,60 @@
+// A BatchSource decorator for block-sparse steps: takes each batch from an inner source (which
+// yields the step's batch inputs up to, not including, the plan tables; one of them the
+// per-token document ids, s32 [rows, seq_len]), builds one BlockPlan per row with the contract's
+// PlanBuilder, and appends the requested plan tables (plan_tables.h layouts) in the step's
+// input order. Shapes depend on the contract only, so moving document boundaries never change
+// them (and never recompile the step).
+//
+// Thread-safety: as BatchSource: Next() from one thread at a time. Lifetime: owns the inner
+// source; shares the builder (usually from a PlanCache); borrows Metrics, which must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/metrics.h"
+#include "worker/runtime/example_job.h"
+#include "worker/runtime/runtime.h"
+#include "worker/sparse/block_plan.h"
+#include "worker/sparse/plan_tables.h"
+#include "worker/step_loop.h"
+
+namespace meshrun::worker::sparse {
+
+inline constexpr char kPlanTime[] = "PlanTime";  // timer: building one batch's tables
+
+class PlanBatches final : public BatchSource {
+ public:
+  struct Config {
+    std::unique_ptr<BatchSource> inner;
+    std::shared_ptr<const PlanBuilder> builder;
+    int doc_ids_index = 0;           // position of the doc_ids array in the inner batches
+    std::vector<PlanTable> tables;   // appended in this order
+    Metrics* metrics = nullptr;      // optional: receives kPlanTime
+  };
+
+  // InvalidArgument: no inner source or builder, a negative doc_ids_index, no tables.
+  static absl::StatusOr<std::unique_ptr<PlanBatches>> Create(Config config);
+
+  // The inner batch with the tables appended. Errors: the inner source's; InvalidArgument when
+  // the doc_ids array is missing, not s32 [rows, seq_len], or a row is invalid for the planner
+  // (decreasing, or needing more than max_grid_width tiles), naming the row.
+  absl::StatusOr<std::vector<runtime::HostArray>> Next() override;
+
+ private:
+  explicit PlanBatches(Config config) : config_(std::move(config)) {}
+  Config config_;
+};
+
+// For tests and benchmarks: gives an example job (examples/, its batches holding doc_ids at
+// `doc_ids_index`) the plan tables its step takes after the data arrays, built by PlanBatches
+// with `builder`: each batch gets them appended and data_arrays gets the step's table inputs,
+// so an ExampleRunner runs the sparse step as the worker does. Errors: InvalidArgument when a
+// trailing step input is not a plan table; PlanBatches' errors. On error `job` may be partly
+// changed.
+absl::Status AppendPlanTables(std::shared_ptr<const PlanBuilder> builder, int doc_ids_index,
+                              runtime::ExampleJob& job);
+
+}  // namespace meshrun::worker::sparse
