@@ -69,8 +69,8 @@ namespace meshrun::worker {
 // (mode B: the next micro-step's), in the step's (grad's) batch-input order; the loop shards them
 // per local device.
 // Thread-safety: the loop calls Next() from its prefetch thread only, once per step (mode B: per
-// micro-step), in order, never concurrently. Next() should not block indefinitely: Stop() waits for a call in
-// progress.
+// micro-step), in order, never concurrently. Next() should not block indefinitely: Stop() waits
+// for a call in progress.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -234,9 +234,9 @@ class StepLoop {
   // < 1; telemetry_cadence < 1 (telemetry/cadence.h); num_state not matching init's outputs or
   // larger than the step's; init and step on different devices; mesh axes/shape/device ids
   // inconsistent; batch_sharding not matching the step's inputs; a telemetry output the step
-  // does not return, or declared without a step signature; mode B: both or neither of grad and
-  // apply, not with step, grad_accumulation or num_grad_acc < 1, accumulator shapes of grad and
-  // apply differing); the reducer's compile errors.
+  // does not return, or declared without a step signature; mode B: grad or apply missing or
+  // given with step, grad_accumulation or num_grad_acc < 1, grad's and apply's accumulator
+  // shapes differing); the reducer's compile errors.
   static absl::StatusOr<std::unique_ptr<StepLoop>> Create(Config config);
   ~StepLoop();
 
