@@ -59,7 +59,12 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
   }
   const v1::TensorSpec* tokens = nullptr;
   const v1::TensorSpec* doc_ids = nullptr;
-  for (int i = spec.state_count(); i < program.inputs_size(); ++i) {
+  // Mode B: grad's accumulator inputs (apply's after the state) come before the batch.
+  int first = spec.state_count();
+  for (const v1::Program& p : spec.programs()) {
+    if (program.role() == "grad" && p.role() == "apply") first = p.inputs_size();
+  }
+  for (int i = first; i < program.inputs_size(); ++i) {
     const v1::TensorSpec& t = program.inputs(i);
     const std::string input = absl::StrCat(field, "[", i, "]");
     if (appended.contains(t.name())) continue;
@@ -277,6 +282,36 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!moe && !roles.contains("step")) {
     return Invalid("programs", "of a dense or Mamba job (compile mode A) need a \"step\" program");
   }
+  if (moe && roles.contains("step")) {
+    return Invalid("programs", "of an MoE job (compile mode B) run grad + apply; drop \"step\"");
+  }
+  if (moe && spec.grad_accumulation() < 1) {
+    return Invalid("grad_accumulation",
+                   absl::StrCat("is ", spec.grad_accumulation(), "; an MoE job (compile mode B) "
+                                "runs N >= 1 grad micro-steps per step, set it to N"));
+  }
+  if (!moe && spec.grad_accumulation() != 0) {
+    return Invalid("grad_accumulation", "is set but only MoE jobs (compile mode B) accumulate; "
+                                        "leave it 0 or set model_family to MOE");
+  }
+  if (moe) {
+    // apply(state, grad_acc): grad must take the state, the same accumulators and the batch.
+    const v1::Program* grad = nullptr;
+    const v1::Program* apply = nullptr;
+    for (const v1::Program& p : spec.programs()) {
+      if (p.role() == "grad") grad = &p;
+      if (p.role() == "apply") apply = &p;
+    }
+    const int accumulators = apply->inputs_size() - spec.state_count();
+    if (accumulators < 1 || grad->inputs_size() <= spec.state_count() + accumulators ||
+        grad->outputs_size() < accumulators) {
+      return Invalid("programs", absl::StrCat(
+          "grad (", grad->inputs_size(), " inputs, ", grad->outputs_size(), " outputs) and apply (",
+          apply->inputs_size(), " inputs) do not fit compile mode B with state_count ",
+          spec.state_count(), ": apply takes state + accumulators, grad takes state + "
+          "accumulators + batch and returns the accumulators first"));
+    }
+  }
   // Telemetry comes from the program that ends a step: "step" in mode A, "apply" in mode B.
   std::set<std::string> outputs;
   for (const v1::Program& p : spec.programs()) {
@@ -290,7 +325,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     const std::string field = absl::StrCat("telemetry[", i, "]");
     if (!outputs.contains(t.name())) {
       return Invalid(field + ".name",
-                     absl::StrCat("\"", t.name(), "\" is not an output of the step program"));
+                     absl::StrCat("\"", t.name(), "\" is not an output of the ",
+                                  moe ? "apply" : "step", " program"));
     }
     if (!series.insert(t.name()).second) {
       return Invalid(field + ".name", absl::StrCat("\"", t.name(), "\" is declared twice"));

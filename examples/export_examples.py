@@ -442,6 +442,89 @@ class SparseTransformerLm(TransformerLm):
         return worst
 
 
+# ---------------------------------------------------------------- (d) MoE transformer LM
+
+class TransformerMoe(TransformerLm):
+    """The transformer LM with a mixture-of-experts MLP: a router picks the top 2 of 4 experts
+    per token and mixes their outputs by the renormalized router probabilities. Every expert
+    runs on every token (a dense dispatch, small enough here) and the others get weight 0; a
+    Switch-style load-balancing loss (weight aux_weight) keeps the router from collapsing.
+    Trained in compile mode B: `grad` micro-steps accumulate into a donated accumulator, then
+    `apply` takes the averaged gradients (see make_grad / make_apply)."""
+    name = "transformer_moe"
+    family = "moe"
+    layers, experts, top_k, expert_ff, batch = 4, 4, 2, 256, 8  # batch: one micro-batch
+    grad_accumulation = 2  # micro-batches per step
+    aux_weight = 0.01
+
+    def param_specs(self, mesh):
+        return {"embed": P(), "pos": P(), "ln_f": P(), "unembed": P(),
+                "layers": {k: P() for k in ("ln1", "ln2", "wq", "wk", "wv", "wo", "router",
+                                            "w1", "w2")}}
+
+    def init(self, seed):
+        keys = jax.random.split(jax.random.key(seed), 9)
+        L, d, f, E, V, T = self.layers, self.d, self.expert_ff, self.experts, self.vocab, self.seq
+        normal = lambda k, shape, scale: jax.random.normal(k, shape) * scale
+        params = {
+            "embed": normal(keys[0], (V, d), 0.02),
+            "pos": normal(keys[1], (T, d), 0.02),
+            "ln_f": jnp.ones((d,)),
+            "unembed": normal(keys[2], (d, V), 1 / np.sqrt(d)),
+            "layers": {
+                "ln1": jnp.ones((L, d)), "ln2": jnp.ones((L, d)),
+                "wq": normal(keys[3], (L, d, d), 1 / np.sqrt(d)),
+                "wk": normal(keys[4], (L, d, d), 1 / np.sqrt(d)),
+                "wv": normal(keys[5], (L, d, d), 1 / np.sqrt(d)),
+                "wo": normal(keys[6], (L, d, d), 1 / np.sqrt(d * 2 * L)),
+                "router": normal(keys[7], (L, d, E), 0.02),
+                "w1": normal(keys[8], (L, E, d, f), 1 / np.sqrt(d)),
+                "w2": normal(jax.random.fold_in(keys[8], 1), (L, E, f, d), 1 / np.sqrt(f * 2 * L)),
+            },
+        }
+        return {"params": params, "opt": init_opt(params)}
+
+    def loss(self, params, batch):
+        tokens = batch["tokens"]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        B, T = inputs.shape
+        H, hd, E = self.heads, self.d // self.heads, self.experts
+        x = params["embed"][inputs] + params["pos"][None, :T]
+        causal = jnp.tril(jnp.ones((T, T), bool))
+
+        def block(x, lp):
+            h = self.rmsnorm(x, lp["ln1"])
+            q = (h @ lp["wq"]).reshape(B, T, H, hd)
+            k = (h @ lp["wk"]).reshape(B, T, H, hd)
+            v = (h @ lp["wv"]).reshape(B, T, H, hd)
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+            probs = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+            o = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, T, self.d)
+            x = x + o @ lp["wo"]
+            h = self.rmsnorm(x, lp["ln2"])
+            router = jax.nn.softmax(h @ lp["router"], axis=-1)         # [B, T, E]
+            top, chosen = jax.lax.top_k(router, self.top_k)            # [B, T, k]
+            picked = jax.nn.one_hot(chosen, E, dtype=router.dtype)     # [B, T, k, E]
+            weights = jnp.einsum("btk,btke->bte", top / jnp.sum(top, -1, keepdims=True), picked)
+            hidden = jax.nn.gelu(jnp.einsum("btd,edf->btef", h, lp["w1"]))
+            x = x + jnp.einsum("btef,efd,bte->btd", hidden, lp["w2"], weights)
+            # Load balance: fraction of routed slots per expert times its mean router probability.
+            load = jnp.mean(jnp.sum(picked, axis=2), axis=(0, 1)) / self.top_k  # [E], sums to 1
+            aux = E * jnp.sum(jax.lax.stop_gradient(load) * jnp.mean(router, axis=(0, 1)))
+            return x, (aux, jax.lax.stop_gradient(load))
+
+        x, (aux, load) = jax.lax.scan(block, x, params["layers"])
+        logits = self.rmsnorm(x, params["ln_f"]) @ params["unembed"]
+        logp = jax.nn.log_softmax(logits)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        loss = jnp.mean(nll)
+        return loss + self.aux_weight * jnp.mean(aux), {"loss": loss, "expert_load": load}
+
+    def telemetry(self):
+        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
+                ("expert_load", [self.layers, self.experts], "mean")]
+
+
 # ---------------------------------------------------------------- programs
 
 def make_step(model):
@@ -599,6 +682,134 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
     return losses
 
 
+# ---------------------------------------------------------------- compile mode B programs
+
+def make_grad(model):
+    """grad(state, acc, batch) -> acc + this micro-batch's gradients, loss and expert load."""
+    def grad(state, acc, batch):
+        (_, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], batch)
+        return {"grads": jax.tree.map(jnp.add, acc["grads"], grads),
+                "loss": acc["loss"] + aux["loss"],
+                "expert_load": acc["expert_load"] + aux["expert_load"]}
+    return grad
+
+
+def make_apply(model):
+    """apply(state, acc) -> (state after Adam on the averaged gradients, acc zeroed, metrics).
+
+    The accumulator comes back zeroed (in place: it is donated), ready for the next step's
+    first micro-step, so the loop never uploads zeros per step."""
+    n = model.grad_accumulation
+
+    def apply(state, acc):
+        grads = jax.tree.map(lambda g: g / n, acc["grads"])
+        params, opt = adam(state["params"], grads, state["opt"], model.lr)
+        metrics = {"loss": acc["loss"] / n, "grad_norm": global_norm(grads),
+                   "expert_load": acc["expert_load"] / n}
+        return {"params": params, "opt": opt}, jax.tree.map(jnp.zeros_like, acc), metrics
+    return apply
+
+
+def zero_accumulator(model, state_shapes):
+    return {"grads": jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state_shapes["params"]),
+            "loss": jnp.zeros((), jnp.float32),
+            "expert_load": jnp.zeros((model.layers, model.experts), jnp.float32)}
+
+
+def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
+    """init, grad and apply programs of a compile mode B job (see make_grad / make_apply)."""
+    dp, tp = MESHES[mesh_name]
+    mesh = make_mesh(dp, tp)
+    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                                       is_leaf=lambda x: isinstance(x, P))
+    state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
+    acc_specs = {"grads": model.param_specs(mesh), "loss": P(), "expert_load": P()}
+    replicated = NamedSharding(mesh, P())
+    batch_shardings = named(model.batch_specs(mesh))
+
+    init = jax.jit(model.init, in_shardings=replicated, out_shardings=named(state_specs))
+    seed = jnp.asarray(SEED, jnp.uint32)
+    state_shapes = jax.eval_shape(model.init, seed)
+    acc_shapes = jax.eval_shape(lambda: zero_accumulator(model, state_shapes))
+    batch0 = jax.tree.map(jnp.asarray, micro_batches[0])
+    apply_fn = make_apply(model)
+    _, _, metric_shapes = jax.eval_shape(apply_fn, state_shapes, acc_shapes)
+    metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
+    grad = jax.jit(make_grad(model),
+                   in_shardings=(named(state_specs), named(acc_specs), batch_shardings),
+                   out_shardings=named(acc_specs), donate_argnums=(1,),
+                   keep_unused=True)  # grad reads only the params; it still takes the state
+    apply = jax.jit(apply_fn, in_shardings=(named(state_specs), named(acc_specs)),
+                    out_shardings=(named(state_specs), named(acc_specs), named(metric_specs)),
+                    donate_argnums=(0, 1))
+
+    os.makedirs(out_dir, exist_ok=True)
+    init_bc, _ = portable_artifact(init.lower(seed))
+    grad_bc, grad_text = portable_artifact(grad.lower(state_shapes, acc_shapes, batch0))
+    apply_bc, apply_text = portable_artifact(apply.lower(state_shapes, acc_shapes))
+    assert "tf.aliasing_output" in grad_text and "tf.aliasing_output" in apply_text
+    for file, code in (("init.mlirbc", init_bc), ("grad.mlirbc", grad_bc),
+                       ("apply.mlirbc", apply_bc)):
+        with open(os.path.join(out_dir, file), "wb") as f:
+            f.write(code)
+
+    state = array_entries(state_shapes, state_specs, mesh, "state")
+    acc = array_entries(acc_shapes, acc_specs, mesh, "grad_acc")
+    batch = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
+    metrics = array_entries(metric_shapes, metric_specs, mesh, "metrics")
+    seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [], "shard_shape": []}
+    n_state, n_acc = len(state), len(acc)
+    job = {
+        "name": f"{model.name}/{mesh_name}",
+        "model_family": model.family,
+        "mesh": {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
+                 "device_ids": list(range(dp * tp))},
+        "programs": {
+            "init": {"file": "init.mlirbc", "format": "mlir",
+                     "inputs": [seed_entry], "outputs": state},
+            # grad(state, grad_acc, micro-batch) -> grad_acc; the accumulator is donated
+            "grad": {"file": "grad.mlirbc", "format": "mlir",
+                     "inputs": state + acc + batch, "outputs": acc,
+                     "donated_inputs": list(range(n_state, n_state + n_acc))},
+            # apply(state, grad_acc) -> (state, grad_acc zeroed, metrics); both donated
+            "apply": {"file": "apply.mlirbc", "format": "mlir",
+                      "inputs": state + acc, "outputs": state + acc + metrics,
+                      "donated_inputs": list(range(n_state + n_acc))},
+        },
+        "grad_accumulation": model.grad_accumulation,
+        "seed": SEED,
+        # steps x grad_accumulation micro-batches, each one grad call's batch inputs
+        "data": {"file": data_file, "steps": len(micro_batches) // model.grad_accumulation,
+                 "arrays": batch},
+        "telemetry": [{"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
+                      for n, s, c in model.telemetry()],
+        "reference": "reference.json",
+        "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
+    }
+    with open(os.path.join(out_dir, "job.json"), "w") as f:
+        json.dump(job, f, indent=1)
+        f.write("\n")
+
+    # The reference: JAX runs the same jitted programs, a step at a time.
+    state = init(seed)
+    acc = jax.device_put(zero_accumulator(model, state_shapes), named(acc_specs))
+    losses, norms = [], []
+    n = model.grad_accumulation
+    for s in range(len(micro_batches) // n):
+        for m in range(n):
+            acc = grad(state, acc, jax.device_put(micro_batches[s * n + m], batch_shardings))
+        state, acc, metrics = apply(state, acc)
+        losses.append(float(np.float32(metrics["loss"])))
+        norms.append(float(np.float32(metrics["grad_norm"])))
+    reference = {"backend": f"jax {jax.__version__} cpu", "seed": SEED,
+                 "steps": len(micro_batches) // n, "grad_accumulation": n,
+                 "loss": losses, "grad_norm": norms}
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+    return losses
+
+
 def write_data(batches, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -629,11 +840,20 @@ def export_all(out_root, quiet=False):
                                     batches, "../" + data_file)
             if not quiet:
                 print(f"{model.name}/{variant}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    model = TransformerMoe()
+    micro_batches = model.data(STEPS * model.grad_accumulation)
+    write_data(micro_batches, os.path.join(out_root, model.name, "data.bin"))
+    for mesh_name in ("dp1", "dp8"):
+        losses = export_mode_b_variant(model, mesh_name,
+                                       os.path.join(out_root, model.name, mesh_name),
+                                       micro_batches, "../data.bin")
+        if not quiet:
+            print(f"{model.name}/{mesh_name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 def outputs_of(root):
     found = set()
-    for sub in ("jax_compile_options", Mlp.name, TransformerLm.name):
+    for sub in ("jax_compile_options", Mlp.name, TransformerLm.name, TransformerMoe.name):
         for dirpath, _, files in os.walk(os.path.join(root, sub)):
             found.update(os.path.relpath(os.path.join(dirpath, f), root) for f in files)
     return found

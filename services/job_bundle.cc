@@ -111,7 +111,13 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
                         : family == "mamba" ? v1::MODEL_FAMILY_MAMBA
                                             : v1::MODEL_FAMILY_DENSE);
   AddProgram("init", job.init, &spec);
-  AddProgram("step", job.step, &spec);
+  if (job.mode_b()) {
+    AddProgram("grad", job.grad, &spec);
+    AddProgram("apply", job.apply, &spec);
+    spec.set_grad_accumulation(job.grad_accumulation);
+  } else {
+    AddProgram("step", job.step, &spec);
+  }
   spec.set_state_count(job.num_state);
   if (fields.contains("telemetry")) {
     for (const auto& entry : fields.at("telemetry").list_value().values()) {

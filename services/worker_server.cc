@@ -439,6 +439,7 @@ const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role)
 // the rows of this host's mesh partitions (worker/batch_sources.h).
 absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
                                                                  const v1::Program& step,
+                                                                 int first_batch_input,
                                                                  const std::string& host) {
   const v1::DataSource& data = manifest.spec().data();
   if (data.has_example_bundle()) {
@@ -462,7 +463,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
       (manifest.spec().has_sparse_attention()
            ? static_cast<int>(coordinator::SparseTableInputs(manifest.spec().sparse_attention()).size())
            : 0);
-  for (int i = manifest.spec().state_count(); i < batch_end; ++i) {
+  for (int i = first_batch_input; i < batch_end; ++i) {
     const v1::TensorSpec& input = step.inputs(i);
     if (input.shape_size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("batch input ", input.name(), " is not [B, L]"));
@@ -527,8 +528,6 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     return absl::FailedPreconditionError(
         "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
   }
-  if (spec.model_family() == v1::MODEL_FAMILY_MOE) {
-    return absl::UnimplementedError("mode B (grad + apply) jobs are not run by this worker yet");
   }
   {
     absl::MutexLock lock(&job_mu_);
@@ -539,14 +538,28 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                        absl::StrCat("job ", job_->job_id, " is still running here"));
     }
   }
+  // Compile mode B (MoE): grad micro-steps then apply, instead of one step program.
+  const bool mode_b = spec.model_family() == v1::MODEL_FAMILY_MOE;
   ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
-  ASSIGN_OR_RETURN(auto step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
-  const v1::Program& step_program = *FindProgram(spec, "step");
+  std::shared_ptr<const runtime::Executable> step, grad, apply;
+  if (mode_b) {
+    ASSIGN_OR_RETURN(grad, LoadProgram(*runtime_, *executables_, metrics_, manifest, "grad"));
+    ASSIGN_OR_RETURN(apply, LoadProgram(*runtime_, *executables_, metrics_, manifest, "apply"));
+  } else {
+    ASSIGN_OR_RETURN(step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
+  }
+  // The program that takes the batches, and the one whose outputs carry the telemetry.
+  const v1::Program& batch_program = *FindProgram(spec, mode_b ? "grad" : "step");
+  const v1::Program& last_program = *FindProgram(spec, mode_b ? "apply" : "step");
+  const int num_grad_acc = mode_b ? last_program.inputs_size() - spec.state_count() : 0;
   ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
-                   MakeBatches(manifest, step_program, config_.identity.host));
+                   MakeBatches(manifest, batch_program, spec.state_count() + num_grad_acc,
+                               config_.identity.host));
   worker::RunSpec run{.job_id = manifest.job_id(),
                       .host = config_.identity.host,
                       .num_state = spec.state_count(),
+                      .grad_accumulation = mode_b ? spec.grad_accumulation() : 0,
+                      .num_grad_acc = num_grad_acc,
                       .seed = static_cast<uint64_t>(spec.data().seed()),
                       .mesh_axes = {manifest.mesh().axis_names().begin(),
                                     manifest.mesh().axis_names().end()},
@@ -557,8 +570,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                       .steps = spec.steps(),
                       .replica_count = manifest.mesh().shape_size() > 0 ? manifest.mesh().shape(0) : 1,
                       .synthetic_data = spec.data().synthetic()};
-  for (int i = spec.state_count(); i < step_program.inputs_size(); ++i) {
-    const auto& sharding = step_program.inputs(i).sharding();
+  for (int i = spec.state_count() + num_grad_acc; i < batch_program.inputs_size(); ++i) {
+    const auto& sharding = batch_program.inputs(i).sharding();
     run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
   }
   for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
@@ -567,14 +580,14 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                      telemetry::ParseCombine(absl::AsciiStrToLower(
                          v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
     if (declared.has_threshold()) output.threshold = declared.threshold();
-    for (const v1::TensorSpec& out : step_program.outputs()) {
+    for (const v1::TensorSpec& out : last_program.outputs()) {
       if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
     }
     run.telemetry.push_back(std::move(output));
   }
   if (spec.has_sparse_attention()) {
     ASSIGN_OR_RETURN(batches,
-                     WithPlanTables(std::move(batches), spec, step_program, plans_, metrics_));
+                     WithPlanTables(std::move(batches), spec, batch_program, plans_, metrics_));
   }
   const std::string job_id = manifest.job_id();
   ASSIGN_OR_RETURN(
@@ -583,6 +596,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
           {.runtime = runtime_.get(),
            .init = std::move(init),
            .step = std::move(step),
+           .grad = std::move(grad),
+           .apply = std::move(apply),
            .spec = std::move(run),
            .batches = std::move(batches),
            .sink = [this](worker::HostStepSummary summary) {
@@ -594,7 +609,9 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                },
            .metrics = &metrics_}));
   RETURN_IF_ERROR(loop->Start());
-  spdlog::info("job {} started: {} steps, telemetry every {}", job_id, spec.steps(),
+  spdlog::info("job {} started: {} steps{}, telemetry every {}", job_id, spec.steps(),
+               mode_b ? absl::StrCat(" (mode B, ", spec.grad_accumulation(), " micro-steps each)")
+                      : std::string(),
                spec.telemetry_cadence());
   std::unique_ptr<RunningJob> finished;
   {

@@ -357,7 +357,14 @@ absl::StatusOr<std::vector<TelemetryValue>> TelemetryReducer::Reduce(
 
 absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
   if (config.runtime == nullptr) return absl::InvalidArgumentError("no runtime given");
-  if (config.init == nullptr || config.step == nullptr) {
+  const bool mode_b = config.grad != nullptr || config.apply != nullptr;
+  if (mode_b) {
+    if (config.init == nullptr || config.grad == nullptr || config.apply == nullptr ||
+        config.step != nullptr) {
+      return absl::InvalidArgumentError(
+          "compile mode B needs the init, grad and apply executables, and no step executable");
+    }
+  } else if (config.init == nullptr || config.step == nullptr) {
     return absl::InvalidArgumentError("the init and step executables are required");
   }
   if (config.batches == nullptr) return absl::InvalidArgumentError("no batch source given");
@@ -372,7 +379,36 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
         absl::StrCat("replica_count must be >= 1, got ", spec.replica_count));
   }
   const runtime::Executable& init = *config.init;
-  const runtime::Executable& step = *config.step;
+  // The program that ends a step (state and telemetry out), and the one that takes the batches.
+  const runtime::Executable& step = mode_b ? *config.apply : *config.step;
+  const runtime::Executable& batch_program = mode_b ? *config.grad : *config.step;
+  const int batch_offset = spec.num_state + (mode_b ? spec.num_grad_acc : 0);
+  if (mode_b) {
+    if (spec.grad_accumulation < 1 || spec.num_grad_acc < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "compile mode B needs grad_accumulation >= 1 and num_grad_acc >= 1, got ",
+          spec.grad_accumulation, " and ", spec.num_grad_acc));
+    }
+    const auto& grad_out = config.grad->output_shapes();
+    const auto& apply_out = config.apply->output_shapes();
+    if (grad_out.size() < static_cast<size_t>(spec.num_grad_acc) ||
+        apply_out.size() < static_cast<size_t>(spec.num_state + spec.num_grad_acc)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad returns ", grad_out.size(), " and apply ", apply_out.size(), " arrays; with ",
+          spec.num_state, " state and ", spec.num_grad_acc,
+          " accumulator arrays grad must return the accumulators and apply state + accumulators"));
+    }
+    for (int i = 0; i < spec.num_grad_acc; ++i) {
+      if (grad_out[i] != apply_out[spec.num_state + i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "accumulator ", i, " is ", runtime::ToString(grad_out[i]), " out of grad but ",
+            runtime::ToString(apply_out[spec.num_state + i]), " out of apply"));
+      }
+    }
+    if (config.grad->device_indices() != step.device_indices()) {
+      return absl::InvalidArgumentError("the grad and apply programs run on different devices");
+    }
+  }
   if (spec.num_state < 0 || static_cast<size_t>(spec.num_state) != init.output_shapes().size()) {
     return absl::InvalidArgumentError(absl::StrCat("num_state is ", spec.num_state,
                                                    ", the init program returns ",
@@ -449,13 +485,16 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
       }
     }
   }
-  const std::optional<runtime::ProgramSignature>& signature = step.signature();
-  if (signature.has_value() &&
-      signature->inputs.size() != spec.num_state + spec.batch_sharding.size()) {
+  if (const auto& batch_signature = batch_program.signature();
+      batch_signature.has_value() &&
+      batch_signature->inputs.size() != batch_offset + spec.batch_sharding.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the step program takes ", signature->inputs.size(), " inputs: ", spec.num_state,
-        " state and ", spec.batch_sharding.size(), " batch inputs were declared"));
+        "the ", mode_b ? "grad" : "step", " program takes ", batch_signature->inputs.size(),
+        " inputs: ", spec.num_state, " state",
+        mode_b ? absl::StrCat(", ", spec.num_grad_acc, " accumulator") : "", " and ",
+        spec.batch_sharding.size(), " batch inputs were declared"));
   }
+  const std::optional<runtime::ProgramSignature>& signature = step.signature();
   // Telemetry outputs.
   std::vector<int> telemetry_index;
   std::vector<TelemetryReducer::Series> series;
@@ -488,7 +527,12 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
   loop->devices_ = devices;
   loop->partitions_ = partitions;
   loop->telemetry_index_ = std::move(telemetry_index);
-  for (int i = 0; i < loop->config_.spec.num_state; ++i) loop->donate_.push_back(i);
+  const RunSpec& run = loop->config_.spec;
+  const int num_acc = mode_b ? run.num_grad_acc : 0;
+  for (int i = 0; i < run.num_state + num_acc; ++i) loop->donate_.push_back(i);
+  for (int i = 0; i < num_acc; ++i) loop->grad_donate_.push_back(run.num_state + i);
+  loop->batch_program_ = &batch_program;
+  loop->batch_offset_ = batch_offset;
   if (!series.empty()) {
     ASSIGN_OR_RETURN(loop->reducer_,
                      TelemetryReducer::Create({.runtime = loop->config_.runtime,
@@ -575,7 +619,7 @@ void StepLoop::Run() {
     absl::MutexLock l(&mu_);
     loop_thread_id_ = std::this_thread::get_id();
   }
-  const absl::Status status = RunSteps();
+  const absl::Status status = config_.grad != nullptr ? RunModeBSteps() : RunSteps();
   {
     absl::MutexLock l(&mu_);
     prefetch_shutdown_ = true;
@@ -588,6 +632,7 @@ void StepLoop::Run() {
     result.last_completed_step = last_completed_;
   }
   state_.clear();  // the job's device memory is released before anyone hears it ended
+  grad_acc_.clear();
   if (status.ok()) {
     result.outcome = LoopOutcome::kSucceeded;
   } else if (absl::IsCancelled(status) && cancelled()) {
@@ -686,6 +731,103 @@ absl::Status StepLoop::RunSteps() {
   return absl::OkStatus();
 }
 
+absl::Status StepLoop::ZeroAccumulators() {
+  const std::vector<ArrayShape>& shapes = config_.grad->output_shapes();
+  grad_acc_.clear();
+  grad_acc_.resize(devices_.size());
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    for (int i = 0; i < config_.spec.num_grad_acc; ++i) {
+      const HostArray zeros{shapes[i], std::string(shapes[i].ByteSize(), '\0')};
+      const absl::Time start = config_.clock->Now();
+      ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buffer,
+                       config_.runtime->ToDevice(zeros, devices_[d]));
+      metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
+      metrics_->AddBytes(kTransferToDeviceBytes, shapes[i].ByteSize());
+      grad_acc_[d].push_back(std::move(buffer));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepLoop::RunModeBSteps() {
+  const RunSpec& spec = config_.spec;
+  const int64_t micro = spec.grad_accumulation;
+  const int64_t total = spec.steps * micro;  // micro-batches over the run
+  const int num_state = spec.num_state;
+  if (cancelled()) return absl::CancelledError("cancelled before init");
+  RequestBatch(1);  // micro-batch 1 uploads while init runs
+  if (absl::Status status = Initialize(); !status.ok()) return PrefixStatus(status, "init: ");
+  if (absl::Status status = ZeroAccumulators(); !status.ok()) {
+    return PrefixStatus(status, "init: zero accumulators: ");
+  }
+  for (int64_t s = 1; s <= spec.steps; ++s) {
+    const absl::Time start = config_.clock->Now();
+    for (int64_t m = 1; m <= micro; ++m) {
+      if (cancelled()) {
+        return absl::CancelledError(absl::StrCat("cancelled before step ", s, ", micro-step ", m));
+      }
+      const std::string where = absl::StrCat("step ", s, ", micro-step ", m);
+      const int64_t index = (s - 1) * micro + m;
+      absl::StatusOr<DeviceBuffers> batch = TakeBatch(index);
+      if (!batch.ok()) {
+        if (absl::IsCancelled(batch.status()) && cancelled()) return batch.status();
+        return PrefixStatus(batch.status(), where + ": ");
+      }
+      if (index < total) RequestBatch(index + 1);
+      std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
+      for (size_t d = 0; d < devices_.size(); ++d) {
+        for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
+        for (const auto& buffer : grad_acc_[d]) args[d].push_back(buffer.get());
+        for (const auto& buffer : (*batch)[d]) args[d].push_back(buffer.get());
+      }
+      const absl::Time launched = config_.clock->Now();
+      absl::StatusOr<DeviceBuffers> outputs =
+          config_.runtime->Execute(*config_.grad, args, {.donate_inputs = grad_donate_});
+      if (!outputs.ok()) return PrefixStatus(outputs.status(), where + " (grad): ");
+      metrics_->AddTime(kExecuteTime, config_.clock->Now() - launched);
+      for (size_t d = 0; d < devices_.size(); ++d) {
+        for (int i = 0; i < spec.num_grad_acc; ++i) grad_acc_[d][i] = std::move((*outputs)[d][i]);
+      }
+    }
+    if (config_.reduce_gradients) {
+      if (absl::Status status = config_.reduce_gradients(grad_acc_); !status.ok()) {
+        return PrefixStatus(status, absl::StrCat("step ", s, ": gradient reduction: "));
+      }
+    }
+    std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
+      for (const auto& buffer : grad_acc_[d]) args[d].push_back(buffer.get());
+    }
+    const absl::Time launched = config_.clock->Now();
+    absl::StatusOr<DeviceBuffers> outputs =
+        config_.runtime->Execute(*config_.apply, args, {.donate_inputs = donate_});
+    if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, " (apply): "));
+    const absl::Time done = config_.clock->Now();
+    metrics_->AddTime(kExecuteTime, done - launched);
+    metrics_->AddTime(kStepTime, done - start);
+    metrics_->Increment(kSteps);
+    if (cadence_.IsLoggingStep(s)) {
+      if (absl::Status status = EmitTelemetry(s, done - start, *outputs); !status.ok()) {
+        {
+          absl::MutexLock l(&mu_);
+          last_completed_ = s;
+        }
+        return PrefixStatus(status, absl::StrCat("step ", s, ": telemetry: "));
+      }
+    }
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
+      for (int i = 0; i < spec.num_grad_acc; ++i) {
+        grad_acc_[d][i] = std::move((*outputs)[d][num_state + i]);
+      }
+    }
+    absl::MutexLock l(&mu_);
+    last_completed_ = s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,
                                      const DeviceBuffers& outputs) {
   HostStepSummary summary{.job_id = config_.spec.job_id,
@@ -749,7 +891,7 @@ absl::StatusOr<StepLoop::DeviceBuffers> StepLoop::TakeBatch(int64_t step) {
   mu_.Await(absl::Condition(this, &StepLoop::BatchReadyOrCancelled));
   if (cancel_) return absl::CancelledError(absl::StrCat("cancelled before step ", step));
   if (prefetch_ready_step_ != step) {
-    return absl::InternalError(absl::StrCat("prefetched the batch of step ", prefetch_ready_step_,
+    return absl::InternalError(absl::StrCat("prefetched batch ", prefetch_ready_step_,
                                             ", expected ", step));
   }
   absl::StatusOr<DeviceBuffers> batch = std::move(*prefetched_);
@@ -766,9 +908,9 @@ absl::StatusOr<StepLoop::DeviceBuffers> StepLoop::FetchBatch() {
                                                    " arrays, the step takes ",
                                                    spec.batch_sharding.size(), " batch inputs"));
   }
-  const std::optional<runtime::ProgramSignature>& signature = config_.step->signature();
+  const std::optional<runtime::ProgramSignature>& signature = batch_program_->signature();
   auto input_name = [&](size_t a) {
-    return signature.has_value() ? signature->inputs[spec.num_state + a].name
+    return signature.has_value() ? signature->inputs[batch_offset_ + a].name
                                  : absl::StrCat("batch input ", a);
   };
   for (size_t a = 0; a < arrays.size(); ++a) {
@@ -790,11 +932,12 @@ absl::StatusOr<StepLoop::DeviceBuffers> StepLoop::FetchBatch() {
         return PrefixStatus(shard.status(), absl::StrCat("batch array '", input_name(a), "': "));
       }
       if (signature.has_value()) {
-        const ArrayShape& expected = signature->inputs[spec.num_state + a].shape;
+        const ArrayShape& expected = signature->inputs[batch_offset_ + a].shape;
         if (shard->shape != expected) {
           return absl::InvalidArgumentError(absl::StrCat(
               "batch array '", input_name(a), "' is ", runtime::ToString(arrays[a].shape),
-              ", whose shards are ", runtime::ToString(shard->shape), "; the step takes ",
+              ", whose shards are ", runtime::ToString(shard->shape), "; the ",
+              config_.grad != nullptr ? "grad program" : "step", " takes ",
               runtime::ToString(expected), " per device"));
         }
       }

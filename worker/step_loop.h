@@ -7,6 +7,21 @@
 //                      outputs on device; on a logging step reduce the telemetry outputs on
 //                      device and read ONE fixed-shape f32 vector to the host.
 //
+// Compile mode B (an MoE job, Config::grad and Config::apply instead of Config::step):
+//   init(seed) -> state; the gradient accumulators are uploaded as zeros ONCE, after init
+//   for s = 1..steps:  for m = 1..grad_accumulation: grad(state, grad_acc, micro-batch m) ->
+//                      grad_acc (accumulators donated, so accumulation happens on device; each
+//                      micro-step takes its own batch from the BatchSource, prefetched the same
+//                      way); then Config::reduce_gradients if given (the point where a cross-host
+//                      all-reduce of grad_acc plugs in); then apply(state, grad_acc) -> (state,
+//                      grad_acc zeroed, metrics), state and accumulators donated. apply returns
+//                      the accumulators zeroed on device, ready for the next step: no upload of
+//                      zeros per step. Telemetry comes from apply's outputs (the exporter's grad
+//                      sums each micro-step's loss into an accumulator; apply divides by the
+//                      micro-step count, so metrics.loss is the mean over the step's micro-batches).
+//   Cancel is honoured between micro-steps too; a failure names step, micro-step and program:
+//   "step 3, micro-step 2 (grad): <message>", "step 3 (apply): <message>".
+//
 // Telemetry (choice): a TelemetryReducer compiles a small StableHLO program, written as MLIR
 // text by the loop itself from the declared outputs' per-device shapes. It converts each output
 // to f32, combines it across the local devices with the declared combine, evaluates thresholds
@@ -50,13 +65,13 @@
 
 namespace meshrun::worker {
 
-// Where a job's batches come from. Next() returns the GLOBAL arrays of the next step's batch, in
-// the step's batch-input order; the loop shards them per local device. Only the blocks of this
-// host's partitions are uploaded, so a source may leave the other hosts' rows zero
-// (worker/batch_sources.h fills only the host's data-parallel slice).
-// Thread-safety: the loop calls Next() from its prefetch thread only, once per step, in step
-// order, never concurrently. Next() should not block indefinitely: Stop() waits for a call in
-// progress.
+// Where a job's batches come from. Next() returns the GLOBAL arrays of the next step's batch
+// (mode B: the next micro-step's), in the step's (grad's) batch-input order; the loop shards them
+// per local device. Only the blocks of this host's partitions are uploaded, so a source may leave
+// the other hosts' rows zero (worker/batch_sources.h fills only the host's data-parallel slice).
+// Thread-safety: the loop calls Next() from its prefetch thread only, once per step (mode B: per
+// micro-step), in order, never concurrently. Next() should not block indefinitely: Stop() waits
+// for a call in progress.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -72,18 +87,25 @@ struct TelemetryOutput {
   std::vector<std::string> sharding;  // mesh axis per output dimension; empty = replicated
 };
 
-// What the loop runs. All indices refer to the step program's per-device inputs/outputs.
+// What the loop runs. All indices refer to the step program's per-device inputs/outputs; in
+// mode B to grad's inputs (state, grad_acc, batch) and apply's outputs (state, grad_acc, metrics).
 struct RunSpec {
   std::string job_id;
   std::string host;
   int num_state = 0;   // step inputs/outputs [0, num_state) are the state, donated each step
+  // Mode B only: micro-steps per step (>= 1), and how many arrays the accumulator has: grad's
+  // inputs [num_state, num_state + num_grad_acc) and outputs [0, num_grad_acc); apply's inputs
+  // and outputs [num_state, num_state + num_grad_acc).
+  int grad_accumulation = 0;
+  int num_grad_acc = 0;
   uint64_t seed = 0;   // the init program's single scalar input (its declared integer dtype)
   std::vector<std::string> mesh_axes;  // ("data",), ("data","model"), ...
   std::vector<int64_t> mesh_shape;
   // Global device id of each mesh partition, in partition order. Empty: the step executable's
   // devices are partitions 0..n-1 in order (a single-host job).
   std::vector<int64_t> device_ids;
-  // Per batch input (step inputs num_state..end): mesh axis per dimension, "" = not split.
+  // Per batch input (step inputs num_state..end; mode B: grad inputs num_state + num_grad_acc..
+  // end): mesh axis per dimension, "" = not split.
   std::vector<std::vector<std::string>> batch_sharding;
   std::vector<TelemetryOutput> telemetry;
   int64_t telemetry_cadence = 1;  // a logging step every N steps (telemetry/cadence.h)
@@ -119,7 +141,7 @@ std::string LoopOutcomeName(LoopOutcome outcome);  // "SUCCEEDED", "FAILED", "CA
 
 struct LoopResult {
   LoopOutcome outcome = LoopOutcome::kSucceeded;
-  absl::Status error;               // set when kFailed: "step <s>: <plugin message>" (or "init: ...")
+  absl::Status error;  // set when kFailed: "step <s>: <plugin message>" (or "init: ...", see mode B)
   int64_t last_completed_step = 0;  // 0: no step completed
 };
 
@@ -183,11 +205,22 @@ class StepLoop {
   // a callback only cancels.
   using SummarySink = std::function<void(HostStepSummary)>;
   using DoneCallback = std::function<void(const LoopResult&)>;
+  // [device (in the program's device order)][array]
+  using DeviceBuffers = std::vector<std::vector<std::unique_ptr<runtime::DeviceBuffer>>>;
+  // Mode B: runs on the loop thread after a step's last grad micro-step, before apply, with the
+  // accumulators [device][grad_acc array]; it may replace the buffers (same shapes). An error
+  // fails the step ("step <s>: gradient reduction: <message>").
+  using GradientHook = std::function<absl::Status(DeviceBuffers& grad_acc)>;
 
   struct Config {
     runtime::Runtime* runtime = nullptr;  // borrowed; must outlive the loop
     std::shared_ptr<const runtime::Executable> init;
     std::shared_ptr<const runtime::Executable> step;  // needs its signature when telemetry is declared
+    // Compile mode B instead of `step` (see the file comment); apply needs its signature when
+    // telemetry is declared.
+    std::shared_ptr<const runtime::Executable> grad;
+    std::shared_ptr<const runtime::Executable> apply;
+    GradientHook reduce_gradients;  // mode B, may be empty
     RunSpec spec;
     std::unique_ptr<BatchSource> batches;
     SummarySink sink;       // may be empty
@@ -202,14 +235,17 @@ class StepLoop {
   // < 1; telemetry_cadence < 1 (telemetry/cadence.h); num_state not matching init's outputs or
   // larger than the step's; init and step on different devices; mesh axes/shape/device ids
   // inconsistent; batch_sharding not matching the step's inputs; a telemetry output the step
-  // does not return, or declared without a step signature); the reducer's compile errors.
+  // does not return, or declared without a step signature; mode B: grad or apply missing or
+  // given with step, grad_accumulation or num_grad_acc < 1, grad's and apply's accumulator
+  // shapes differing); the reducer's compile errors.
   static absl::StatusOr<std::unique_ptr<StepLoop>> Create(Config config);
   ~StepLoop();
 
   // Starts the loop thread. Errors: FAILED_PRECONDITION when already started.
   absl::Status Start();
   // Asks the loop to end; returns at once. Honoured before init and between steps (a step in
-  // flight completes): the outcome is kCancelled with the last completed step.
+  // flight completes; mode B: also between micro-steps): the outcome is kCancelled with the last
+  // completed step.
   void Cancel();
   // Cancel(), then waits until the loop thread (and its prefetch thread) ended. Idempotent.
   void Stop();
@@ -225,11 +261,12 @@ class StepLoop {
   std::string telemetry_program() const;
 
  private:
-  using DeviceBuffers = std::vector<std::vector<std::unique_ptr<runtime::DeviceBuffer>>>;
-
   StepLoop(Config config, telemetry::Cadence cadence);
   void Run();
   absl::Status RunSteps();
+  absl::Status RunModeBSteps();
+  // Mode B: uploads the zero accumulators once, after init.
+  absl::Status ZeroAccumulators();
   absl::Status Initialize();
   absl::Status EmitTelemetry(int64_t step, absl::Duration step_time,
                              const DeviceBuffers& outputs);
@@ -237,7 +274,8 @@ class StepLoop {
   void PrefetchMain();
   absl::StatusOr<DeviceBuffers> FetchBatch();
   void RequestBatch(int64_t step);
-  // Waits for the batch of `step`; CANCELLED when the loop is cancelled while waiting.
+  // Waits for batch `step` (mode B: the micro-batch's 1-based index over the run); CANCELLED
+  // when the loop is cancelled while waiting.
   absl::StatusOr<DeviceBuffers> TakeBatch(int64_t step);
   bool cancelled() const;
   bool PrefetchWork() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -251,9 +289,13 @@ class StepLoop {
   std::vector<int> devices_;          // the step's devices
   std::vector<int64_t> partitions_;   // mesh partition of each
   std::vector<int> telemetry_index_;  // step output index of each telemetry series
-  std::vector<int> donate_;
+  std::vector<int> donate_;           // mode B: apply's
+  std::vector<int> grad_donate_;      // mode B: grad's accumulator inputs
+  const runtime::Executable* batch_program_ = nullptr;  // step (mode B: grad)
+  int batch_offset_ = 0;              // its first batch input
   std::unique_ptr<TelemetryReducer> reducer_;
   DeviceBuffers state_;  // [device][state input]; loop thread only
+  DeviceBuffers grad_acc_;  // mode B: [device][accumulator]; loop thread only
 
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "worker/metrics.h"
 #include "worker/runtime/backends.h"
@@ -42,6 +43,8 @@ struct CompiledJob {
   ExampleJob job;
   std::shared_ptr<const Executable> init;
   std::shared_ptr<const Executable> step;
+  std::shared_ptr<const Executable> grad;   // compile mode B jobs
+  std::shared_ptr<const Executable> apply;
 };
 
 class StepLoopTest : public testing::Test {
@@ -81,12 +84,18 @@ class StepLoopTest : public testing::Test {
     CompiledJob out{*job, nullptr, nullptr};
     auto options = runtime::BuildCompileOptions(runtime::SpmdCompileOptions(job->device_ids));
     EXPECT_TRUE(options.ok()) << options.status();
-    auto init = runtime_->Compile({job->init.code, "mlir", *options, job->init.Signature()});
-    EXPECT_TRUE(init.ok()) << init.status();
-    auto step = runtime_->Compile({job->step.code, "mlir", *options, job->step.Signature()});
-    EXPECT_TRUE(step.ok()) << step.status();
-    out.init = std::move(*init);
-    out.step = std::move(*step);
+    auto compile = [&](const runtime::ExampleProgram& program) {
+      auto executable = runtime_->Compile({program.code, "mlir", *options, program.Signature()});
+      EXPECT_TRUE(executable.ok()) << executable.status();
+      return std::shared_ptr<const Executable>(std::move(*executable));
+    };
+    out.init = compile(job->init);
+    if (job->mode_b()) {
+      out.grad = compile(job->grad);
+      out.apply = compile(job->apply);
+    } else {
+      out.step = compile(job->step);
+    }
     return jobs_->emplace(name, std::move(out)).first->second;
   }
 
@@ -707,6 +716,242 @@ TEST(MetricsTest, TimersBytesAndCountersSnapshotAndReport) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(metrics.Get(kCacheHits).count, 4000);
+}
+
+// ---- compile mode B: grad micro-steps with on-device accumulation, then apply ----
+
+// An MoE job's spec: loss, grad norm and the [layers, experts] expert load, all from apply.
+RunSpec ModeBSpec(const ExampleJob& job, int64_t steps, int64_t cadence) {
+  RunSpec spec{.job_id = "job-" + job.name,
+               .host = "host-0",
+               .num_state = job.num_state,
+               .grad_accumulation = job.grad_accumulation,
+               .num_grad_acc = static_cast<int>(job.apply.inputs.size()) - job.num_state,
+               .seed = job.seed,
+               .mesh_axes = job.mesh_axes,
+               .mesh_shape = job.mesh_shape,
+               .device_ids = job.device_ids,
+               .telemetry_cadence = cadence,
+               .steps = steps,
+               .replica_count = static_cast<int>(job.mesh_shape[0])};
+  for (const auto& a : job.data_arrays) spec.batch_sharding.push_back(a.sharding);
+  for (const char* name : {"metrics.loss", "metrics.grad_norm", "metrics.expert_load"}) {
+    spec.telemetry.push_back({.name = name, .combine = Combine::kMean});
+  }
+  return spec;
+}
+
+StepLoop::Config ModeBConfig(Runtime* runtime, const CompiledJob& job, RunSpec spec,
+                             std::unique_ptr<BatchSource> batches, Collected* collected) {
+  StepLoop::Config config = LoopConfig(runtime, job, std::move(spec), std::move(batches),
+                                       collected);
+  config.step = nullptr;
+  config.grad = job.grad;
+  config.apply = job.apply;
+  return config;
+}
+
+class ModeBReferenceLoss : public StepLoopTest, public testing::WithParamInterface<std::string> {};
+
+TEST_P(ModeBReferenceLoss, LossesOfGradAndApplyMatchJax) {
+  const CompiledJob& job = Job(GetParam());
+  ASSERT_NE(job.grad, nullptr);
+  ASSERT_NE(job.apply, nullptr);
+  ASSERT_EQ(job.job.grad_accumulation, 2);
+  ASSERT_EQ(job.job.reference_loss.size(), 20u);
+  Collected collected;
+  Metrics metrics;
+  const runtime::RuntimeCounters before = runtime_->counters();
+  StepLoop::Config config =
+      ModeBConfig(runtime_, job, ModeBSpec(job.job, 20, 1),
+                  std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+  config.metrics = &metrics;
+  int hook_calls = 0;
+  config.reduce_gradients = [&](StepLoop::DeviceBuffers& grad_acc) {
+    ++hook_calls;
+    EXPECT_EQ(grad_acc.size(), job.job.device_ids.size());
+    EXPECT_EQ(grad_acc[0].size(), job.job.apply.inputs.size() - job.job.num_state);
+    return absl::OkStatus();
+  };
+  auto loop = StepLoop::Create(std::move(config));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(result.outcome, LoopOutcome::kSucceeded) << result.error;
+  EXPECT_EQ(result.last_completed_step, 20);
+  EXPECT_EQ(hook_calls, 20);
+
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.summaries.size(), 20u);
+  float worst = 0;
+  for (int s = 1; s <= 20; ++s) {
+    const HostStepSummary& summary = collected.summaries[s - 1];
+    EXPECT_EQ(summary.step, s);
+    ASSERT_EQ(summary.values.size(), 3u);
+    const float loss = summary.values[0].values[0];
+    worst = std::max(worst, Relative(loss, job.job.reference_loss[s - 1]));
+    EXPECT_LE(Relative(loss, job.job.reference_loss[s - 1]), 1e-5f)
+        << "step " << s << ": loop " << loss << ", JAX " << job.job.reference_loss[s - 1];
+    EXPECT_LE(Relative(summary.values[1].values[0], job.job.reference_grad_norm[s - 1]), 1e-5f)
+        << "grad norm at step " << s;
+    // Expert load: per layer, fractions of the routed slots that sum to 1.
+    ASSERT_EQ(summary.values[2].shape, (std::vector<int64_t>{4, 4}));
+    for (int layer = 0; layer < 4; ++layer) {
+      float sum = 0;
+      for (int e = 0; e < 4; ++e) sum += summary.values[2].values[layer * 4 + e];
+      EXPECT_NEAR(sum, 1.0f, 1e-4f) << "step " << s << " layer " << layer;
+    }
+    // One device-to-host transfer per logging step: the micro-steps read nothing.
+    EXPECT_EQ(collected.device_to_host[s - 1], before.device_to_host.count + s);
+  }
+  EXPECT_LT(job.job.reference_loss.back(), 0.7f * job.job.reference_loss.front());  // it trains
+  // Up: D seeds, D x accumulators of zeros once, then one batch shard per device per micro-step.
+  const int64_t devices = static_cast<int64_t>(job.job.device_ids.size());
+  const int64_t accumulators = static_cast<int64_t>(job.job.apply.inputs.size()) - job.job.num_state;
+  EXPECT_EQ(runtime_->counters().host_to_device.count - before.host_to_device.count,
+            devices + devices * accumulators + 40 * devices);
+  // 1 init + 40 grad + 20 apply + 20 reductions.
+  EXPECT_EQ(metrics.Get(kExecuteTime).count, 81);
+  EXPECT_EQ(metrics.Get(kSteps).count, 20);
+  std::printf("%s: 20 steps (40 grad micro-steps + 20 apply) in %s, max relative loss "
+              "difference %.3g\n",
+              GetParam().c_str(), absl::FormatDuration(elapsed).c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, ModeBReferenceLoss,
+                         testing::Values("transformer_moe/dp1", "transformer_moe/dp8"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param.substr(info.param.find('/') + 1);
+                         });
+
+// Cancels the loop when the micro-batch with this 1-based index is fetched.
+class CancellingBatches final : public BatchSource {
+ public:
+  CancellingBatches(const ExampleJob& job, int64_t cancel_at, StepLoop** loop)
+      : inner_(job, {}), cancel_at_(cancel_at), loop_(loop) {}
+  absl::StatusOr<std::vector<HostArray>> Next() override {
+    if (++calls_ == cancel_at_) (*loop_)->Cancel();
+    return inner_.Next();
+  }
+
+ private:
+  JobBatches inner_;
+  int64_t cancel_at_;
+  int64_t calls_ = 0;
+  StepLoop** loop_;
+};
+
+TEST_F(StepLoopTest, ModeBCancelIsHonouredBetweenMicroSteps) {
+  const CompiledJob& job = Job("transformer_moe/dp1");
+  ASSERT_NE(job.grad, nullptr);
+  Collected collected;
+  Metrics metrics;
+  StepLoop* raw = nullptr;
+  // Micro-batch 8 is step 4's second: its fetch cancels while step 4's first micro-step runs
+  // (or before it), so step 4's second grad never executes.
+  StepLoop::Config config =
+      ModeBConfig(runtime_, job, ModeBSpec(job.job, 10, 1000),
+                  std::make_unique<CancellingBatches>(job.job, 8, &raw), &collected);
+  config.metrics = &metrics;
+  auto loop = StepLoop::Create(std::move(config));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  raw = loop->get();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  EXPECT_EQ(result.outcome, LoopOutcome::kCancelled) << result.error;
+  EXPECT_EQ(result.last_completed_step, 3);
+  // 1 init + 3 x (2 grad + 1 apply) + step 4's first grad; no telemetry at cadence 1000.
+  EXPECT_EQ(metrics.Get(kExecuteTime).count, 1 + 3 * 3 + 1);
+}
+
+TEST_F(StepLoopTest, ModeBFailuresNameStepMicroStepAndProgram) {
+  const CompiledJob& job = Job("transformer_moe/dp1");
+  ASSERT_NE(job.grad, nullptr);
+  {
+    // Micro-batch 4 (step 2, micro-step 2) has the wrong shape.
+    Collected collected;
+    auto loop = StepLoop::Create(ModeBConfig(
+        runtime_, job, ModeBSpec(job.job, 5, 1),
+        std::make_unique<JobBatches>(job.job, JobBatches::Options{.misshape_at = 4}),
+        &collected));
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    ASSERT_TRUE((*loop)->Start().ok());
+    const LoopResult result = (*loop)->Wait();
+    EXPECT_EQ(result.outcome, LoopOutcome::kFailed);
+    EXPECT_EQ(result.last_completed_step, 1);
+    EXPECT_TRUE(absl::StartsWith(result.error.message(),
+                                 "step 2, micro-step 2: batch array 'batch.tokens'"))
+        << result.error;
+  }
+  {
+    // The gradient hook (where a cross-host all-reduce goes) fails at step 3.
+    Collected collected;
+    StepLoop::Config config =
+        ModeBConfig(runtime_, job, ModeBSpec(job.job, 5, 1),
+                    std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+    int calls = 0;
+    config.reduce_gradients = [&calls](StepLoop::DeviceBuffers&) {
+      return ++calls == 3 ? absl::UnavailableError("peer host-1 left the all-reduce")
+                          : absl::OkStatus();
+    };
+    auto loop = StepLoop::Create(std::move(config));
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    ASSERT_TRUE((*loop)->Start().ok());
+    const LoopResult result = (*loop)->Wait();
+    EXPECT_EQ(result.outcome, LoopOutcome::kFailed);
+    EXPECT_EQ(result.last_completed_step, 2);
+    EXPECT_EQ(result.error.code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(result.error.message(),
+              "step 3: gradient reduction: peer host-1 left the all-reduce");
+  }
+  {
+    // A hook that hands apply a wrong-shaped accumulator: the plugin refuses apply.
+    Collected collected;
+    StepLoop::Config config =
+        ModeBConfig(runtime_, job, ModeBSpec(job.job, 5, 1),
+                    std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+    config.reduce_gradients = [this](StepLoop::DeviceBuffers& grad_acc) -> absl::Status {
+      HostArray wrong = HostArray::From<float>(DType::kF32, {3}, {1, 2, 3});
+      ASSIGN_OR_RETURN(grad_acc[0][0], runtime_->ToDevice(wrong, 0));
+      return absl::OkStatus();
+    };
+    auto loop = StepLoop::Create(std::move(config));
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    ASSERT_TRUE((*loop)->Start().ok());
+    const LoopResult result = (*loop)->Wait();
+    EXPECT_EQ(result.outcome, LoopOutcome::kFailed);
+    EXPECT_EQ(result.last_completed_step, 0);
+    EXPECT_TRUE(absl::StartsWith(result.error.message(), "step 1 (apply): ")) << result.error;
+  }
+}
+
+TEST_F(StepLoopTest, ModeBCreateRefusesBadSpecs) {
+  const CompiledJob& moe = Job("transformer_moe/dp1");
+  const CompiledJob& dense = Job("mlp_classifier/dp1");
+  ASSERT_NE(moe.grad, nullptr);
+  auto make = [&](RunSpec spec, std::shared_ptr<const Executable> step) {
+    StepLoop::Config config = ModeBConfig(
+        runtime_, moe, std::move(spec),
+        std::make_unique<JobBatches>(moe.job, JobBatches::Options{}), nullptr);
+    config.sink = nullptr;
+    config.on_done = nullptr;
+    config.step = std::move(step);
+    return StepLoop::Create(std::move(config)).status();
+  };
+  absl::Status status = make(ModeBSpec(moe.job, 5, 1), dense.step);
+  EXPECT_TRUE(absl::StrContains(status.message(), "no step executable")) << status;
+  RunSpec spec = ModeBSpec(moe.job, 5, 1);
+  spec.grad_accumulation = 0;
+  status = make(spec, nullptr);
+  EXPECT_TRUE(absl::StrContains(status.message(), "grad_accumulation >= 1")) << status;
+  spec = ModeBSpec(moe.job, 5, 1);
+  spec.num_grad_acc -= 1;
+  status = make(spec, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "accumulator")) << status;
+  EXPECT_TRUE(make(ModeBSpec(moe.job, 5, 1), nullptr).ok());
 }
 
 }  // namespace

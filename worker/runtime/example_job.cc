@@ -136,8 +136,9 @@ ProgramSignature ExampleProgram::Signature() const {
 }
 
 int ExampleJob::OutputIndex(const std::string& name) const {
-  for (size_t i = 0; i < step.outputs.size(); ++i) {
-    if (step.outputs[i].global.name == name) return static_cast<int>(i);
+  const ExampleProgram& last = mode_b() ? apply : step;
+  for (size_t i = 0; i < last.outputs.size(); ++i) {
+    if (last.outputs[i].global.name == name) return static_cast<int>(i);
   }
   return -1;
 }
@@ -154,13 +155,29 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   ASSIGN_OR_RETURN(const Struct* programs, Object(root, "programs"));
   ASSIGN_OR_RETURN(const Struct* init, Object(*programs, "init"));
   ASSIGN_OR_RETURN(job.init, ParseProgram(*init, dir));
-  ASSIGN_OR_RETURN(const Struct* step, Object(*programs, "step"));
-  ASSIGN_OR_RETURN(job.step, ParseProgram(*step, dir));
+  if (programs->fields().contains("grad") || programs->fields().contains("apply")) {
+    // Compile mode B: grad micro-steps, then apply.
+    ASSIGN_OR_RETURN(const Struct* grad, Object(*programs, "grad"));
+    ASSIGN_OR_RETURN(job.grad, ParseProgram(*grad, dir));
+    ASSIGN_OR_RETURN(const Struct* apply, Object(*programs, "apply"));
+    ASSIGN_OR_RETURN(job.apply, ParseProgram(*apply, dir));
+    ASSIGN_OR_RETURN(double micro_steps, Number(root, "grad_accumulation"));
+    job.grad_accumulation = static_cast<int>(micro_steps);
+    if (job.grad_accumulation < 1) {
+      return absl::InvalidArgumentError("grad_accumulation must be >= 1");
+    }
+  } else {
+    ASSIGN_OR_RETURN(const Struct* step, Object(*programs, "step"));
+    ASSIGN_OR_RETURN(job.step, ParseProgram(*step, dir));
+  }
   ASSIGN_OR_RETURN(double seed, Number(root, "seed"));
   job.seed = static_cast<uint32_t>(seed);
   job.num_state = static_cast<int>(job.init.outputs.size());
   job.loss_output = job.OutputIndex("metrics.loss");
-  if (job.loss_output < 0) return absl::InvalidArgumentError("step has no output metrics.loss");
+  if (job.loss_output < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(job.mode_b() ? "apply" : "step", " has no output metrics.loss"));
+  }
 
   ASSIGN_OR_RETURN(const Struct* data, Object(root, "data"));
   ASSIGN_OR_RETURN(job.data_arrays, ParseArrays(*data, "arrays"));
@@ -168,7 +185,7 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   ASSIGN_OR_RETURN(double steps, Number(*data, "steps"));
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + data_file));
   size_t offset = 0;
-  for (int s = 0; s < static_cast<int>(steps); ++s) {
+  for (int s = 0; s < static_cast<int>(steps) * job.grad_accumulation; ++s) {
     std::vector<HostArray> batch;
     for (const ExampleArray& a : job.data_arrays) {
       const size_t size = static_cast<size_t>(a.global.shape.ByteSize());
@@ -239,6 +256,10 @@ absl::StatusOr<HostArray> ShardOf(const HostArray& global, const std::vector<std
 absl::StatusOr<std::unique_ptr<ExampleRunner>> ExampleRunner::Create(Runtime* runtime,
                                                                      ExampleJob job,
                                                                      bool load_step_serialized) {
+  if (job.mode_b()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        job.name, " is a compile mode B job (grad + apply); the step loop runs those"));
+  }
   auto runner = std::unique_ptr<ExampleRunner>(new ExampleRunner(runtime, std::move(job)));
   const ExampleJob& j = runner->job_;
   ASSIGN_OR_RETURN(std::string options, BuildCompileOptions(SpmdCompileOptions(j.device_ids)));

@@ -38,17 +38,25 @@ struct ExampleJob {
   std::vector<int64_t> mesh_shape;
   std::vector<int64_t> device_ids;  // global ids in mesh (= partition) order
   ExampleProgram init;
-  ExampleProgram step;
+  ExampleProgram step;   // compile mode A; empty in mode B
+  // Compile mode B (an MoE job): grad(state, grad_acc, micro-batch) -> grad_acc, then
+  // apply(state, grad_acc) -> (state, grad_acc zeroed, metrics), after grad_accumulation
+  // micro-steps. Empty in mode A.
+  ExampleProgram grad;
+  ExampleProgram apply;
+  int grad_accumulation = 1;
   uint32_t seed = 0;
-  std::vector<ExampleArray> data_arrays;         // the step's batch inputs, in order
-  std::vector<std::vector<HostArray>> batches;   // [step][array], global arrays
+  std::vector<ExampleArray> data_arrays;         // the step's (mode B: grad's) batch inputs
+  // [step][array] global arrays; mode B: [micro-batch][array], grad_accumulation per step
+  std::vector<std::vector<HostArray>> batches;
   std::vector<float> reference_loss;             // JAX's loss for each step
   std::vector<float> reference_grad_norm;
   std::string jax_compile_options;               // JAX's serialized options, same partitions
   int num_state = 0;                             // step inputs/outputs [0, num_state) are state
-  int loss_output = -1;                          // index of metrics.loss among step outputs
+  int loss_output = -1;                          // index of metrics.loss among step (apply) outputs
 
-  int OutputIndex(const std::string& name) const;  // -1 when absent
+  bool mode_b() const { return !grad.code.empty(); }
+  int OutputIndex(const std::string& name) const;  // among step (mode B: apply) outputs; -1: absent
 };
 
 // Reads <dir>/job.json with its programs, data and reference.
@@ -66,7 +74,8 @@ class ExampleRunner {
   // Compiles init and step with meshrun's own compile options for the job's device assignment;
   // with `load_step_serialized` the step is compiled, serialized and run from
   // DeserializeAndLoad instead (as a worker receives it).
-  // Errors: the runtime's (compile, load); INTERNAL when a partition lands off its device.
+  // Errors: INVALID_ARGUMENT for a mode B job; the runtime's (compile, load); INTERNAL when a
+  // partition lands off its device.
   static absl::StatusOr<std::unique_ptr<ExampleRunner>> Create(Runtime* runtime, ExampleJob job,
                                                                bool load_step_serialized = false);
 
