@@ -528,7 +528,6 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     return absl::FailedPreconditionError(
         "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
   }
-  }
   {
     absl::MutexLock lock(&job_mu_);
     if (job_ != nullptr && !job_->loop->result().has_value()) {
