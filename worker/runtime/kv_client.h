@@ -32,6 +32,10 @@ class KeyValueClient {
 
   // Errors: UNAVAILABLE (store unreachable).
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+
+  // Removes `key` (rendezvous clean-up). Errors: NOT_FOUND (no such key), UNAVAILABLE;
+  // UNIMPLEMENTED by default (a store that cannot delete).
+  virtual absl::Status Delete(absl::string_view key);
 };
 
 // A store inside one process: for single-host runs and tests.
@@ -40,6 +44,7 @@ class InMemoryKeyValueClient final : public KeyValueClient {
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::string> TryGet(absl::string_view key) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::Status Delete(absl::string_view key) override;
 
  private:
   absl::Mutex mu_;

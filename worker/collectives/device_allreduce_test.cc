@@ -1,0 +1,122 @@
+// AllReduceDeviceBuffers with the real CPU PJRT plugin: two ranks in one process, each with
+// its own PJRT client of 2 devices, as two hosts would have; gloo over loopback TCP.
+#include "worker/collectives/device_allreduce.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "worker/runtime/backends.h"
+
+namespace meshrun::worker::collectives {
+namespace {
+
+using runtime::DeviceBuffer;
+using runtime::DType;
+using runtime::HostArray;
+using runtime::Runtime;
+
+class DeviceAllReduceTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string plugin = runtime::DefaultPjrtPluginPath();
+    struct stat st;
+    if (stat(plugin.c_str(), &st) != 0) {
+      GTEST_SKIP() << "PJRT CPU plugin missing: " << plugin << " (run scripts/fetch_pjrt.sh)";
+    }
+    ASSERT_TRUE(runtime::RegisterRuntimes(registry_).ok());
+    for (auto& runtime : runtimes_) {
+      auto created = registry_.Create(
+          "pjrt", runtime::RuntimeConfig{.plugin_path = plugin, .cpu_device_count = 2});
+      ASSERT_TRUE(created.ok()) << created.status();
+      runtime = std::move(*created);
+    }
+  }
+
+  // Rank r's gradient-like buffers: f32[3,4] on device 0 and f32[1000] on device 1.
+  static std::vector<std::unique_ptr<DeviceBuffer>> Upload(Runtime& runtime, int r) {
+    std::vector<float> a(12), b(1000);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) + 10.0f * r;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 7) - 3.0f * r;
+    std::vector<std::unique_ptr<DeviceBuffer>> out;
+    out.push_back(runtime.ToDevice(HostArray::From(DType::kF32, {3, 4}, a), 0).value());
+    out.push_back(runtime.ToDevice(HostArray::From(DType::kF32, {1000}, b), 1).value());
+    return out;
+  }
+
+  runtime::RuntimeRegistry registry_;
+  std::unique_ptr<Runtime> runtimes_[2];
+};
+
+TEST_F(DeviceAllReduceTest, MeanOfTwoRanksLandsOnTheSameDevicesAndIsCounted) {
+  auto store = std::make_shared<runtime::InMemoryKeyValueClient>();
+  Metrics metrics[2];
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> inputs(2), outputs(2);
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto allreduce = HostAllReduce::Create(
+          {.rank = r, .size = 2, .store = store, .prefix = "collectives/device/0"});
+      if (!allreduce.ok()) {
+        statuses[r] = allreduce.status();
+        return;
+      }
+      inputs[r] = Upload(*runtimes_[r], r);
+      std::vector<DeviceBuffer*> grads = {inputs[r][0].get(), inputs[r][1].get()};
+      auto reduced = AllReduceDeviceBuffers(*runtimes_[r], **allreduce, grads,
+                                            {.op = ReduceOp::kMean, .metrics = &metrics[r]});
+      if (!reduced.ok()) {
+        statuses[r] = reduced.status();
+        return;
+      }
+      outputs[r] = std::move(*reduced);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+    ASSERT_EQ(outputs[r].size(), 2u);
+    EXPECT_EQ(outputs[r][0]->device_index(), 0);
+    EXPECT_EQ(outputs[r][1]->device_index(), 1);
+    EXPECT_EQ(outputs[r][0]->shape(), inputs[r][0]->shape());
+    EXPECT_FALSE(inputs[r][0]->IsDeleted());
+    const std::vector<float> a = runtimes_[r]->ToHost(*outputs[r][0]).value().As<float>();
+    const std::vector<float> b = runtimes_[r]->ToHost(*outputs[r][1]).value().As<float>();
+    ASSERT_EQ(a.size(), 12u);
+    ASSERT_EQ(b.size(), 1000u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], static_cast<float>(i) + 5.0f);
+    for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], static_cast<float>(i % 7) - 1.5f);
+
+    const int64_t bytes = (12 + 1000) * 4;
+    EXPECT_EQ(metrics[r].Get(kAllReduceBytes).count, 1);
+    EXPECT_EQ(metrics[r].Get(kAllReduceBytes).total, bytes);
+    EXPECT_EQ(metrics[r].Get(kAllReduceTime).count, 1);
+    EXPECT_EQ(metrics[r].Get(kTransferFromDeviceBytes).count, 2);
+    EXPECT_EQ(metrics[r].Get(kTransferFromDeviceBytes).total, bytes);
+    EXPECT_EQ(metrics[r].Get(kTransferToDeviceBytes).count, 2);
+    EXPECT_EQ(metrics[r].Get(kTransferToDeviceBytes).total, bytes);
+  }
+}
+
+TEST_F(DeviceAllReduceTest, NonF32BufferIsRefusedNamingIt) {
+  auto allreduce = HostAllReduce::Create({.rank = 0, .size = 1});
+  ASSERT_TRUE(allreduce.ok()) << allreduce.status();
+  auto f32 = runtimes_[0]->ToDevice(HostArray::From(DType::kF32, {2}, std::vector<float>{1, 2}), 0);
+  auto s32 = runtimes_[0]->ToDevice(HostArray::From(DType::kS32, {2}, std::vector<int32_t>{1, 2}), 1);
+  ASSERT_TRUE(f32.ok() && s32.ok());
+  Metrics metrics;
+  auto reduced = AllReduceDeviceBuffers(*runtimes_[0], **allreduce, {f32->get(), s32->get()},
+                                        {.metrics = &metrics});
+  ASSERT_FALSE(reduced.ok());
+  EXPECT_EQ(reduced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(reduced.status().message(), "buffer 1 is s32[2]"))
+      << reduced.status();
+  EXPECT_TRUE(metrics.Snapshot().empty());  // refused before any transfer
+}
+
+}  // namespace
+}  // namespace meshrun::worker::collectives
