@@ -1,5 +1,7 @@
 #include "worker/collectives/host_allreduce.h"
 
+#include <net/if.h>
+
 #include <chrono>
 #include <exception>
 #include <string>
@@ -72,6 +74,12 @@ absl::Status CheckConfig(const HostAllReduce::Config& c) {
   if (c.bind_address.empty() && c.network_interface.empty()) {
     return absl::InvalidArgumentError(
         "bind_address and network_interface are both empty; give one (e.g. 127.0.0.1)");
+  }
+  // Checked here: gloo's own lookup leaks when the interface is missing.
+  if (!c.network_interface.empty() && if_nametoindex(c.network_interface.c_str()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "network_interface '", c.network_interface,
+        "' is not an interface of this host; give one that `ip link` lists, or a bind_address"));
   }
   if (c.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("timeout is ", absl::FormatDuration(c.timeout),
