@@ -85,7 +85,8 @@ TEST_F(CollectivesCoordinatorTest, TwoRanksRendezvousThroughTheCoordinatorAndAll
 
 TEST_F(CollectivesCoordinatorTest, AbsentRankIsNamedAfterTheTimeout) {
   const absl::Time start = absl::Now();
-  auto created = HostAllReduce::Create(RankConfig(0, 2, "collectives/job-2/0", absl::Milliseconds(300)));
+  auto created =
+      HostAllReduce::Create(RankConfig(0, 2, "collectives/job-2/0", absl::Milliseconds(300)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_FALSE(created.ok());
   EXPECT_EQ(created.status().code(), absl::StatusCode::kDeadlineExceeded) << created.status();

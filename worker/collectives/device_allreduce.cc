@@ -36,7 +36,8 @@ absl::StatusOr<std::vector<std::unique_ptr<runtime::DeviceBuffer>>> AllReduceDev
   spans.reserve(host.size());
   int64_t bytes = 0;
   for (runtime::HostArray& array : host) {
-    spans.emplace_back(reinterpret_cast<float*>(array.bytes.data()), array.bytes.size() / sizeof(float));
+    spans.emplace_back(reinterpret_cast<float*>(array.bytes.data()),
+                       array.bytes.size() / sizeof(float));
     bytes += static_cast<int64_t>(array.bytes.size());
   }
   const absl::Time start = clock.Now();

@@ -105,11 +105,12 @@ TEST_F(DeviceAllReduceTest, MeanOfTwoRanksLandsOnTheSameDevicesAndIsCounted) {
 TEST_F(DeviceAllReduceTest, NonF32BufferIsRefusedNamingIt) {
   auto allreduce = HostAllReduce::Create({.rank = 0, .size = 1});
   ASSERT_TRUE(allreduce.ok()) << allreduce.status();
-  auto f32 = runtimes_[0]->ToDevice(HostArray::From(DType::kF32, {2}, std::vector<float>{1, 2}), 0);
-  auto s32 = runtimes_[0]->ToDevice(HostArray::From(DType::kS32, {2}, std::vector<int32_t>{1, 2}), 1);
+  Runtime& runtime = *runtimes_[0];
+  auto f32 = runtime.ToDevice(HostArray::From(DType::kF32, {2}, std::vector<float>{1, 2}), 0);
+  auto s32 = runtime.ToDevice(HostArray::From(DType::kS32, {2}, std::vector<int32_t>{1, 2}), 1);
   ASSERT_TRUE(f32.ok() && s32.ok());
   Metrics metrics;
-  auto reduced = AllReduceDeviceBuffers(*runtimes_[0], **allreduce, {f32->get(), s32->get()},
+  auto reduced = AllReduceDeviceBuffers(runtime, **allreduce, {f32->get(), s32->get()},
                                         {.metrics = &metrics});
   ASSERT_FALSE(reduced.ok());
   EXPECT_EQ(reduced.status().code(), absl::StatusCode::kInvalidArgument);

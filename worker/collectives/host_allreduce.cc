@@ -51,7 +51,8 @@ void RingAllreduce(const std::shared_ptr<gloo::Context>& context, T* data, size_
 
 absl::Status CheckConfig(const HostAllReduce::Config& c) {
   if (c.size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("size is ", c.size, "; give the number of ranks (>= 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("size is ", c.size, "; give the number of ranks (>= 1)"));
   }
   if (c.rank < 0 || c.rank >= c.size) {
     return absl::InvalidArgumentError(
@@ -151,9 +152,10 @@ absl::Status HostAllReduce::Rendezvous() {
     if (!missing->empty()) {
       std::vector<std::string> names;
       for (const std::string& rank : *missing) names.push_back(PeerName(std::stoi(rank)));
-      return absl::DeadlineExceededError(absl::StrCat(
-          where, ": ", absl::StrJoin(names, ", "), " did not arrive within ", absl::FormatDuration(config_.timeout), " (",
-          config_.size - missing->size(), " of ", config_.size, " ranks arrived)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": ", absl::StrJoin(names, ", "), " did not arrive within ",
+                       absl::FormatDuration(config_.timeout), " (", config_.size - missing->size(),
+                       " of ", config_.size, " ranks arrived)"));
     }
     try {
       context->connectFullMesh(mesh, device);
@@ -226,7 +228,8 @@ absl::Status HostAllReduce::AllReduce(absl::Span<const absl::Span<float>> buffer
   }
   const int64_t round = rounds_++;
   try {
-    RETURN_IF_ERROR(CheckLayout(static_cast<int64_t>(buffers.size()), static_cast<int64_t>(total)));
+    RETURN_IF_ERROR(
+        CheckLayout(static_cast<int64_t>(buffers.size()), static_cast<int64_t>(total)));
     if (total == 0) return absl::OkStatus();
     if (non_empty == 1) {
       Collective(only, total, op);

@@ -193,7 +193,8 @@ TEST(HostAllReduceTest, SeveralBuffersOfDifferentLengthsInOneCall) {
     ASSERT_TRUE(statuses[r].ok()) << statuses[r];
     for (size_t b = 0; b < lengths.size(); ++b) {
       for (size_t i = 0; i < lengths[b]; ++i) {
-        ASSERT_EQ(data[r][b][i], Value(0, i + 10 * b) + Value(1, i + 10 * b) + Value(2, i + 10 * b));
+        const size_t k = i + 10 * b;
+        ASSERT_EQ(data[r][b][i], Value(0, k) + Value(1, k) + Value(2, k));
       }
     }
   }
@@ -274,7 +275,8 @@ TEST(HostAllReduceTest, TwoJobsOnOneStoreDoNotMeet) {
 
 TEST(HostAllReduceTest, MismatchedLayoutIsRefusedOnEveryRankAndTheNextRoundWorks) {
   auto ranks = Connected(2, std::make_shared<InMemoryKeyValueClient>(), "collectives/layout/0");
-  std::vector<std::vector<float>> data = {std::vector<float>(10, 1.0f), std::vector<float>(12, 1.0f)};
+  std::vector<std::vector<float>> data = {std::vector<float>(10, 1.0f),
+                                          std::vector<float>(12, 1.0f)};
   auto statuses = OnRanks(2, [&](int r) {
     return ranks[r]->AllReduce({absl::MakeSpan(data[r])}, ReduceOp::kSum);
   });
@@ -297,10 +299,12 @@ TEST(HostAllReduceTest, StalledPeerTimesOutInsteadOfHanging) {
                          absl::Milliseconds(300));
   std::vector<float> data(1000, 1.0f);
   const absl::Time start = absl::Now();
-  absl::Status status = ranks[0]->AllReduce({absl::MakeSpan(data)}, ReduceOp::kSum);  // rank 1 never joins
+  // Rank 1 never joins.
+  absl::Status status = ranks[0]->AllReduce({absl::MakeSpan(data)}, ReduceOp::kSum);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "round 0 of 1000 floats on rank 0 of 2")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "round 0 of 1000 floats on rank 0 of 2"))
+      << status;
 }
 
 TEST(HostAllReduceTest, PeerGoneAfterRendezvousFailsBoundedAndStaysFailed) {

@@ -21,7 +21,8 @@ void KeyValueGlooStore::set(const std::string& key, const std::vector<char>& dat
   const std::string full = FullKey(key);
   absl::Status status = client_->Set(full, absl::string_view(data.data(), data.size()));
   if (!status.ok()) {
-    throw gloo::IoException(absl::StrCat("rendezvous store: set '", full, "': ", status.ToString()));
+    throw gloo::IoException(
+        absl::StrCat("rendezvous store: set '", full, "': ", status.ToString()));
   }
   absl::MutexLock l(&mu_);
   own_keys_.push_back(full);
@@ -49,9 +50,11 @@ void KeyValueGlooStore::wait(const std::vector<std::string>& keys,
     throw gloo::IoException(absl::StrCat("rendezvous store: ", missing.status().ToString()));
   }
   if (!missing->empty()) {
-    throw gloo::IoException(absl::StrCat("rendezvous store: no value for '",
-                                         absl::StrJoin(*missing, "', '"), "' after ",
-                                         absl::FormatDuration(absl::Milliseconds(timeout.count()))));
+    std::vector<std::string> full;
+    for (const std::string& key : *missing) full.push_back(FullKey(key));
+    throw gloo::IoException(absl::StrCat(
+        "rendezvous store: no value for '", absl::StrJoin(full, "', '"), "' after ",
+        absl::FormatDuration(absl::Milliseconds(timeout.count()))));
   }
 }
 
