@@ -102,6 +102,61 @@ TEST_F(DeviceAllReduceTest, MeanOfTwoRanksLandsOnTheSameDevicesAndIsCounted) {
   }
 }
 
+// Rank r holds f32[100] on each of its 2 devices: i + 10 r (+ 1000 d unless replicated);
+// AllReduceInPlace sums them across the two ranks.
+class InPlaceTest : public DeviceAllReduceTest, public testing::WithParamInterface<bool> {};
+
+TEST_P(InPlaceTest, EveryDeviceGetsTheSumOfItsCounterparts) {
+  const bool replicated = GetParam();
+  auto store = std::make_shared<runtime::InMemoryKeyValueClient>();
+  Metrics metrics[2];
+  std::vector<PerDeviceBuffers> buffers(2);
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto allreduce = HostAllReduce::Create(
+          {.rank = r, .size = 2, .store = store, .prefix = "collectives/in-place/0"});
+      if (!allreduce.ok()) {
+        statuses[r] = allreduce.status();
+        return;
+      }
+      buffers[r].resize(2);
+      for (int d = 0; d < 2; ++d) {
+        std::vector<float> values(100);
+        for (size_t i = 0; i < values.size(); ++i) {
+          values[i] = static_cast<float>(i + 10 * r + (replicated ? 0 : 1000 * d));
+        }
+        buffers[r][d].push_back(
+            runtimes_[r]->ToDevice(HostArray::From(DType::kF32, {100}, values), d).value());
+      }
+      statuses[r] = AllReduceInPlace(*runtimes_[r], **allreduce, buffers[r],
+                                     {.op = ReduceOp::kSum,
+                                      .replicated_across_devices = replicated,
+                                      .metrics = &metrics[r]});
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+    for (int d = 0; d < 2; ++d) {
+      ASSERT_EQ(buffers[r][d].size(), 1u);
+      EXPECT_EQ(buffers[r][d][0]->device_index(), d);
+      const std::vector<float> got = runtimes_[r]->ToHost(*buffers[r][d][0]).value().As<float>();
+      ASSERT_EQ(got.size(), 100u);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], static_cast<float>(2 * i + 10 + (replicated ? 0 : 2000 * d)));
+      }
+    }
+    // Replicated: one copy crosses hosts and is uploaded to both devices.
+    EXPECT_EQ(metrics[r].Get(kTransferFromDeviceBytes).count, replicated ? 1 : 2);
+    EXPECT_EQ(metrics[r].Get(kAllReduceBytes).total, replicated ? 400 : 800);
+    EXPECT_EQ(metrics[r].Get(kTransferToDeviceBytes).count, 2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Replication, InPlaceTest, testing::Bool());
+
 TEST_F(DeviceAllReduceTest, NonF32BufferIsRefusedNamingIt) {
   auto allreduce = HostAllReduce::Create({.rank = 0, .size = 1});
   ASSERT_TRUE(allreduce.ok()) << allreduce.status();
@@ -117,6 +172,19 @@ TEST_F(DeviceAllReduceTest, NonF32BufferIsRefusedNamingIt) {
   EXPECT_TRUE(absl::StrContains(reduced.status().message(), "buffer 1 is s32[2]"))
       << reduced.status();
   EXPECT_TRUE(metrics.Snapshot().empty());  // refused before any transfer
+}
+
+TEST_F(DeviceAllReduceTest, ReplicatedNeedsTheSameArraysOnEveryDevice) {
+  auto allreduce = HostAllReduce::Create({.rank = 0, .size = 1});
+  ASSERT_TRUE(allreduce.ok()) << allreduce.status();
+  PerDeviceBuffers buffers(2);
+  const HostArray values = HostArray::From(DType::kF32, {2}, std::vector<float>{1, 2});
+  buffers[0].push_back(runtimes_[0]->ToDevice(values, 0).value());
+  absl::Status status = AllReduceInPlace(*runtimes_[0], **allreduce, buffers,
+                                         {.replicated_across_devices = true});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "device list 1")) << status;
+  EXPECT_EQ(buffers[0].size(), 1u);  // left as it was
 }
 
 }  // namespace
