@@ -1,6 +1,7 @@
 // The key-value store a PJRT plugin uses to exchange start-up data between hosts (multi-host
 // TPU topology discovery). The worker backs it with the coordinator's KeyValue RPCs; the
-// runtime hands it to the plugin as PJRT_Client_Create's kv callbacks.
+// runtime hands it to the plugin as PJRT_Client_Create's kv callbacks, and worker/collectives
+// rendezvous gloo through it.
 //
 // Thread-safety: implementations must be safe to call from any thread (the plugin calls them
 // from its own threads). Lifetime: a runtime keeps a shared_ptr to its client.
