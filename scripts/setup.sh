@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache clang
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libc-ares-dev libssl-dev libgtest-dev googletest libsqlite3-dev
+  libgloo-dev
   python3 python3-venv python3-pip
   fortunes
 )

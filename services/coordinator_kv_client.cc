@@ -41,4 +41,12 @@ absl::Status CoordinatorKeyValueClient::Set(absl::string_view key, absl::string_
   return FromGrpcStatus(stub_->KeyValueSet(context.get(), request, &response));
 }
 
+absl::Status CoordinatorKeyValueClient::Delete(absl::string_view key) {
+  v1::KeyValueDeleteRequest request;
+  request.set_key(std::string(key));
+  v1::KeyValueDeleteResponse response;
+  auto context = ContextWithTimeout(rpc_slack_);
+  return FromGrpcStatus(stub_->KeyValueDelete(context.get(), request, &response));
+}
+
 }  // namespace meshrun::services

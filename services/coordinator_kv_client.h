@@ -21,6 +21,7 @@ class CoordinatorKeyValueClient final : public runtime::KeyValueClient {
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::string> TryGet(absl::string_view key) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::Status Delete(absl::string_view key) override;
 
  private:
   std::unique_ptr<v1::Coordinator::Stub> stub_;

@@ -32,6 +32,8 @@ inline constexpr char kTransferFromDeviceTime[] = "TransferFromDeviceTime";  // 
 inline constexpr char kTransferFromDeviceBytes[] = "TransferFromDeviceBytes";  // bytes; count = transfers
 inline constexpr char kTelemetryReduceTime[] = "TelemetryReduceTime";  // timer (on-device reduce + read)
 inline constexpr char kTelemetrySinkTime[] = "TelemetrySinkTime";  // timer (the sink callback)
+inline constexpr char kAllReduceTime[] = "AllReduceTime";  // timer (cross-host gradient all-reduce)
+inline constexpr char kAllReduceBytes[] = "AllReduceBytes";  // bytes reduced; count = all-reduces
 inline constexpr char kSteps[] = "Steps";                        // counter
 inline constexpr char kTelemetryReads[] = "TelemetryReads";      // counter (one per logging step)
 inline constexpr char kCacheHits[] = "CacheHits";                // counter (executable cache)

@@ -12,6 +12,10 @@ absl::StatusOr<std::string> KeyValueClient::TryGet(absl::string_view key) {
   return value;
 }
 
+absl::Status KeyValueClient::Delete(absl::string_view key) {
+  return absl::UnimplementedError(absl::StrCat("this key-value store cannot delete '", key, "'"));
+}
+
 absl::StatusOr<std::string> InMemoryKeyValueClient::Get(absl::string_view key,
                                                         absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
@@ -35,6 +39,14 @@ absl::StatusOr<std::string> InMemoryKeyValueClient::TryGet(absl::string_view key
 absl::Status InMemoryKeyValueClient::Set(absl::string_view key, absl::string_view value) {
   absl::MutexLock lock(&mu_);
   values_.insert_or_assign(std::string(key), std::string(value));
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryKeyValueClient::Delete(absl::string_view key) {
+  absl::MutexLock lock(&mu_);
+  auto it = values_.find(key);
+  if (it == values_.end()) return absl::NotFoundError(absl::StrCat("key '", key, "' has no value"));
+  values_.erase(it);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // The key-value store a PJRT plugin uses to exchange start-up data between hosts (multi-host
 // TPU topology discovery). The worker backs it with the coordinator's KeyValue RPCs; the
-// runtime hands it to the plugin as PJRT_Client_Create's kv callbacks.
+// runtime hands it to the plugin as PJRT_Client_Create's kv callbacks, and worker/collectives
+// rendezvous gloo through it.
 //
 // Thread-safety: implementations must be safe to call from any thread (the plugin calls them
 // from its own threads). Lifetime: a runtime keeps a shared_ptr to its client.
@@ -32,6 +33,10 @@ class KeyValueClient {
 
   // Errors: UNAVAILABLE (store unreachable).
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+
+  // Removes `key` (rendezvous clean-up). Errors: NOT_FOUND (no such key), UNAVAILABLE;
+  // UNIMPLEMENTED by default (a store that cannot delete).
+  virtual absl::Status Delete(absl::string_view key);
 };
 
 // A store inside one process: for single-host runs and tests.
@@ -40,6 +45,7 @@ class InMemoryKeyValueClient final : public KeyValueClient {
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::string> TryGet(absl::string_view key) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::Status Delete(absl::string_view key) override;
 
  private:
   absl::Mutex mu_;
