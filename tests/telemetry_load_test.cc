@@ -1,0 +1,163 @@
+// Load on the coordinator's telemetry path over loopback: 500 watchers of one job while one
+// host streams 100 summaries/s for 60 s (MESHRUN_LOAD_SECONDS overrides the duration) through
+// the worker's own uploader (TelemetryUploader -> UploadTelemetry) into a real CoordinatorServer.
+// Asserts that every watcher keeps up and receives every step once, in order, with nothing lost,
+// and that the process's memory (VmRSS: the coordinator, and the watchers' clients whose buffers
+// are reserved before the baseline) stays bounded after warm-up; reports p50/p99 latency from
+// the host's send to the watcher's receive.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/coordinator_server.h"
+#include "services/telemetry_uploader.h"
+#include "tests/watch_fleet.h"
+
+namespace meshrun::services {
+namespace {
+
+constexpr int kWatchers = 500;
+constexpr int kRate = 100;  // summaries per second
+
+// This process's resident set, in KiB.
+int64_t RssKib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t kib = 0;
+    if (line.rfind("VmRSS:", 0) == 0 && absl::SimpleAtoi(line.substr(6, line.size() - 9), &kib)) {
+      return kib;
+    }
+  }
+  return -1;
+}
+
+int LoadSeconds() {
+  int seconds = 60;
+  const char* env = std::getenv("MESHRUN_LOAD_SECONDS");
+  if (env != nullptr && (!absl::SimpleAtoi(env, &seconds) || seconds < 5)) {
+    ADD_FAILURE() << "MESHRUN_LOAD_SECONDS=" << env << " is not a number of seconds >= 5";
+    seconds = 60;
+  }
+  return seconds;
+}
+
+v1::HostSummary Summary(const std::string& job, const std::string& host, int64_t step) {
+  v1::HostSummary s;
+  s.set_job_id(job);
+  s.set_host(host);
+  s.set_step(step);
+  s.set_replica_count(1);
+  s.set_step_time_seconds(0.01);
+  s.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
+  for (const char* name : {"loss", "grad_norm"}) {
+    v1::TelemetryValue* v = s.add_values();
+    v->set_name(name);
+    v->add_values(1.0f / step);
+  }
+  v1::TelemetryValue* sink = s.add_values();
+  sink->set_name("sink_mass");
+  sink->add_shape(6);
+  sink->add_shape(4);
+  for (int i = 0; i < 24; ++i) sink->add_values(0.01f * i);
+  return s;
+}
+
+TEST(TelemetryLoadTest, FiveHundredWatchersKeepUpAtOneHundredSummariesPerSecond) {
+  const int seconds = LoadSeconds();
+  const int64_t total = int64_t{kRate} * seconds;
+  const std::string dir = ::testing::TempDir() + "/telemetry_load_test";
+  std::filesystem::remove_all(dir);
+  auto server = CoordinatorServer::Start({.listen = "127.0.0.1:0", .state_dir = dir});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  // The job as the launcher would start it: one host, three series.
+  const std::string job = "load-1", host = "load-host";
+  v1::JobManifest manifest;
+  manifest.set_job_id(job);
+  (*manifest.mutable_host_incarnations())[host] = "incarnation-1";
+  manifest.mutable_mesh()->add_shape(1);
+  for (auto [name, dims] : {std::pair{"loss", 0}, {"grad_norm", 0}, {"sink_mass", 2}}) {
+    v1::TelemetryDeclaration* d = manifest.mutable_spec()->add_telemetry();
+    d->set_name(name);
+    d->set_combine(v1::COMBINE_MEAN);
+    if (dims == 2) {
+      d->add_shape(6);
+      d->add_shape(4);
+    }
+  }
+  CoordinatorTelemetry& telemetry = (*server)->telemetry();
+  ASSERT_TRUE(telemetry.DeclareJob(job, manifest.spec()).ok());
+  ASSERT_TRUE(telemetry.StartJob(manifest).ok());
+
+  v1::WatchTelemetryRequest request;
+  request.set_job_id(job);
+  request.set_since_step(1);
+  test_support::WatchFleet fleet({.address = address,
+                                  .watchers = kWatchers,
+                                  .channels = 4,
+                                  .request = request,
+                                  .expected_summaries = static_cast<size_t>(total)});
+  fleet.Start();
+  const absl::Time subscribe_deadline = absl::Now() + absl::Seconds(60);
+  while (telemetry.hub().WatcherCount(job) < kWatchers && absl::Now() < subscribe_deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(telemetry.hub().WatcherCount(job), kWatchers);
+
+  const int64_t rss_start = RssKib();
+  int64_t rss_warm = 0, rss_peak = 0;
+  {
+    TelemetryUploader uploader({.coordinator = address});
+    const absl::Time start = absl::Now();
+    for (int64_t step = 1; step <= total; ++step) {
+      absl::SleepFor(start + (step - 1) * absl::Seconds(1) / kRate - absl::Now());
+      uploader.Enqueue(Summary(job, host, step));
+      if (step % kRate == 0) {  // once a second
+        const int64_t rss = RssKib();
+        if (step == total / 6) rss_warm = rss;  // after the first sixth: buffers at steady state
+        if (step > total / 6) rss_peak = std::max(rss_peak, rss);
+      }
+    }
+    ASSERT_TRUE(uploader.Flush(job, absl::Seconds(30))) << "summaries not acknowledged";
+    EXPECT_EQ(uploader.dropped(), 0);
+  }
+  ASSERT_TRUE(fleet.AwaitReceived(total, absl::Seconds(60)))
+      << "watchers behind: the slowest has " << fleet.MinReceived() << " of " << total;
+  telemetry.EndJob(job);  // ends every stream with OK once drained
+  ASSERT_TRUE(fleet.AwaitDone(absl::Seconds(60)));
+
+  int kept_up = 0;
+  for (const auto& reader : fleet.readers()) {
+    EXPECT_TRUE(reader->status.ok()) << reader->status.error_message();
+    EXPECT_EQ(reader->received.load(), total);
+    EXPECT_EQ(reader->breaks, 0) << "a watcher saw a gap, duplicate or reordering";
+    EXPECT_EQ(reader->last_step, total);
+    kept_up += reader->status.ok() && reader->received.load() == total && reader->breaks == 0;
+  }
+  EXPECT_EQ(kept_up, kWatchers);
+
+  const double growth_mib = (rss_peak - rss_warm) / 1024.0;
+  std::printf("load: %d watchers, %d summaries/s for %d s: %d kept up, %lld deliveries\n",
+              kWatchers, kRate, seconds, kept_up, static_cast<long long>(fleet.TotalReceived()));
+  std::printf("load: delivery latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+              fleet.LatencyPercentile(50) / 1e3, fleet.LatencyPercentile(99) / 1e3,
+              fleet.LatencyPercentile(100) / 1e3);
+  std::printf("load: VmRSS %.1f MiB at start, %.1f MiB after warm-up, peak %.1f MiB (+%.1f MiB)\n",
+              rss_start / 1024.0, rss_warm / 1024.0, rss_peak / 1024.0, growth_mib);
+  // Bounded: no growth with the number of summaries once the queues and buffers are warm.
+  EXPECT_LT(growth_mib, 64.0) << "memory grew with the summaries streamed";
+  server->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshrun::services
