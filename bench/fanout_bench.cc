@@ -15,7 +15,9 @@
 // Prints absolute figures of both, then as its last line (higher is better):
 //   ratio fanout_vs_grpc <meshrun deliveries/s / grpc deliveries/s>
 //
-// Usage: meshrun_fanout_bench [--watchers N] [--summaries M] [--window W]
+// Rounds alternate which path goes first; figures are medians over rounds.
+//
+// Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 2]
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -148,8 +151,9 @@ struct Figures {
 
 struct Options {
   int watchers = 500;
-  int64_t summaries = 2000;
+  int64_t summaries = 1000;
   int64_t window = 256;
+  int rounds = 2;
 };
 
 // Publishes `summaries` with `publish(step)`, at most `window` ahead of the slowest watcher,
@@ -251,7 +255,8 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
     fleet.Start();
     RETURN_IF_ERROR(
         AwaitCount([&] { return telemetry.hub().WatcherCount(job); }, options.watchers));
-    services::TelemetryUploader uploader({.coordinator = absl::StrCat("127.0.0.1:", server->port())});
+    services::TelemetryUploader uploader(
+        {.coordinator = absl::StrCat("127.0.0.1:", server->port())});
     figures = Drive(
         options, fleet,
         [&](int64_t step) {
@@ -275,30 +280,41 @@ int Main(int argc, char** argv) {
     if (flag == "--watchers") options.watchers = value;
     else if (flag == "--summaries") options.summaries = value;
     else if (flag == "--window") options.window = value;
-    else return Fail("usage", absl::InvalidArgumentError("flags: --watchers --summaries --window"));
+    else if (flag == "--rounds") options.rounds = value;
+    else return Fail("usage", absl::InvalidArgumentError(
+                                  "flags: --watchers --summaries --window --rounds"));
   }
-  if (options.watchers < 1 || options.summaries < 1 || options.window < 1 ||
-      options.window >= 1024) {
+  if (options.watchers < 1 || options.summaries < 1 || options.rounds < 1 ||
+      options.window < 1 || options.window >= 1024) {
     return Fail("flags", absl::InvalidArgumentError(
-                             "--watchers and --summaries >= 1, 1 <= --window < 1024 (the "
-                             "coordinator's per-watcher queue)"));
+                             "--watchers, --summaries and --rounds >= 1, 1 <= --window < 1024 "
+                             "(the coordinator's per-watcher queue)"));
   }
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          absl::StrCat("meshrun_fanout_bench_", getpid());
-  absl::StatusOr<Figures> grpc = RunGrpc(options);
-  if (!grpc.ok()) return Fail("grpc", grpc.status());
-  absl::StatusOr<Figures> meshrun = RunMeshrun(options, dir);
-  std::filesystem::remove_all(dir);
-  if (!meshrun.ok()) return Fail("meshrun", meshrun.status());
-  std::printf("fanout: %d watchers, %lld summaries, window %lld\n", options.watchers,
-              static_cast<long long>(options.summaries), static_cast<long long>(options.window));
-  for (const auto& [name, f] : {std::pair{"grpc", *grpc}, {"meshrun", *meshrun}}) {
-    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  latency p50 %7.2f ms  p99 %7.2f ms\n",
-                name, f.deliveries_per_second, f.deliveries_per_second / options.watchers,
-                f.p50_ms, f.p99_ms);
+  // Rounds alternate which path goes first; figures are medians over rounds.
+  std::vector<double> rate[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
+  for (int round = 0; round < options.rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int path = (round + i) % 2;
+      const std::string dir = std::filesystem::temp_directory_path() /
+                              absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round);
+      absl::StatusOr<Figures> f = path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
+      std::filesystem::remove_all(dir);
+      if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
+      rate[path].push_back(f->deliveries_per_second);
+      p50[path].push_back(f->p50_ms);
+      p99[path].push_back(f->p99_ms);
+    }
   }
-  std::printf("ratio fanout_vs_grpc %.3f\n",
-              meshrun->deliveries_per_second / grpc->deliveries_per_second);
+  std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n",
+              options.watchers, static_cast<long long>(options.summaries),
+              static_cast<long long>(options.window), options.rounds);
+  for (int path = 0; path < 2; ++path) {
+    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  latency p50 %7.2f ms  "
+                "p99 %7.2f ms\n",
+                path == 0 ? "grpc" : "meshrun", Median(rate[path]),
+                Median(rate[path]) / options.watchers, Median(p50[path]), Median(p99[path]));
+  }
+  std::printf("ratio fanout_vs_grpc %.3f\n", Median(rate[1]) / Median(rate[0]));
   return 0;
 }
 

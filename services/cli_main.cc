@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <cerrno>
+#include <deque>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -352,7 +352,9 @@ int Watch(const std::vector<std::string>& args) {
 // Reads the job's history (WatchTelemetry, history only) and writes it in the chosen format.
 // The output is created at the first summary, so a refused export leaves no file behind.
 int Export(const std::vector<std::string>& args) {
-  if (args.size() != 3) ExitWithError("usage: meshrun export <job-id> --format=csv|jsonl|tensorboard [--out=PATH]", 2);
+  if (args.size() != 3) {
+    ExitWithError("usage: meshrun export <job-id> --format=csv|jsonl|tensorboard [--out=PATH]", 2);
+  }
   const std::string& job = args[2];
   absl::StatusOr<telemetry::ExportFormat> format =
       telemetry::ParseExportFormat(absl::GetFlag(FLAGS_format));
@@ -382,8 +384,12 @@ int Export(const std::vector<std::string>& args) {
       if (!dir.empty()) std::filesystem::create_directories(dir, error);
       if (error) ExitWithError(absl::StrCat("--out=", dir, ": ", error.message()), 1);
       file = out.empty() ? stdout : std::fopen(out.c_str(), "wb");
-      if (file == nullptr) ExitWithError(absl::StrCat("--out=", out, ": ", std::strerror(errno)), 1);
-      if (*format == telemetry::ExportFormat::kCsv) std::fputs(telemetry::CsvHeader().c_str(), file);
+      if (file == nullptr) {
+        ExitWithError(absl::StrCat("--out=", out, ": ", std::strerror(errno)), 1);
+      }
+      if (*format == telemetry::ExportFormat::kCsv) {
+        std::fputs(telemetry::CsvHeader().c_str(), file);
+      }
       if (tensorboard) {
         const std::string header = telemetry::TensorBoardFileHeader(absl::Now());
         std::fwrite(header.data(), 1, header.size(), file);

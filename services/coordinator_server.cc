@@ -517,7 +517,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                    coordinator::WorkerRegistry::Create(
                        {.heartbeat_timeout = config.heartbeat_timeout, .clock = config.clock}));
   ASSIGN_OR_RETURN(server->kv_, coordinator::KeyValueStore::Create({}));
-
   ASSIGN_OR_RETURN(server->cache_, coordinator::ExecutableCache::Create(
                                        {.directory = config.state_dir + "/executables",
                                         .max_bytes = config.cache_max_bytes,

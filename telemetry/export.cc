@@ -107,7 +107,9 @@ absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name) {
       "--format=\"", name, "\" is not an export format; use one of: csv, jsonl, tensorboard"));
 }
 
-std::string CsvHeader() { return "step,wall_time_unix_micros,series,element,index,value,partial\n"; }
+std::string CsvHeader() {
+  return "step,wall_time_unix_micros,series,element,index,value,partial\n";
+}
 
 std::string CsvRows(const v1::GlobalSummary& summary) {
   std::string out;

@@ -40,6 +40,7 @@ class WatchFleet {
   class Reader final : public grpc::ClientReadReactor<v1::GlobalSummary> {
    public:
     std::atomic<int64_t> received{0};
+    std::atomic<bool> ended{false};
     int64_t last_step = 0;
     int64_t breaks = 0;  // summaries that did not follow the previous step
     std::vector<uint32_t> latency_micros;
@@ -69,6 +70,7 @@ class WatchFleet {
       absl::MutexLock lock(&fleet_->mu_);
       status = s;
       done_ = true;
+      ended.store(true, std::memory_order_release);
       ++fleet_->done_;
     }
 
@@ -122,13 +124,14 @@ class WatchFleet {
     return mu_.AwaitWithTimeout(absl::Condition(&all), timeout);
   }
 
-  // The fewest summaries any watcher has received (those that ended count as done).
+  // The fewest summaries any watcher still streaming has received (INT64_MAX when none is).
   int64_t MinReceived() const {
     int64_t least = INT64_MAX;
     for (const auto& reader : readers_) {
+      if (reader->ended.load(std::memory_order_acquire)) continue;
       least = std::min(least, reader->received.load(std::memory_order_acquire));
     }
-    return readers_.empty() ? 0 : least;
+    return least;
   }
   int64_t TotalReceived() const {
     int64_t total = 0;
