@@ -116,6 +116,8 @@ TEST(TelemetryLoadTest, FiveHundredWatchersKeepUpAtOneHundredSummariesPerSecond)
 
   const int64_t rss_start = RssKib();
   int64_t rss_warm = 0, rss_peak = 0;
+  // On a machine busy with other work, ingest and delivery fall behind the 100/s; the waits
+  // below give them time to catch up (the latency figures then say so) — nothing may be lost.
   {
     TelemetryUploader uploader({.coordinator = address});
     const absl::Time start = absl::Now();
@@ -129,11 +131,10 @@ TEST(TelemetryLoadTest, FiveHundredWatchersKeepUpAtOneHundredSummariesPerSecond)
         rss_peak = std::max(rss_peak, rss);
       }
     }
-    ASSERT_TRUE(uploader.Flush(job, absl::Seconds(30))) << "summaries not acknowledged";
+    ASSERT_TRUE(uploader.Flush(job, absl::Seconds(std::max(60, 2 * seconds))))
+        << "summaries not acknowledged";
     EXPECT_EQ(uploader.dropped(), 0);
   }
-  // On a machine busy with other work delivery falls behind; give it time to catch up (the
-  // latency figures then say so).
   ASSERT_TRUE(fleet.AwaitReceived(total, absl::Seconds(std::max(60, 2 * seconds))))
       << "watchers behind: the slowest has " << fleet.MinReceived() << " of " << total;
   telemetry.EndJob(job);  // ends every stream with OK once drained
@@ -160,7 +161,7 @@ TEST(TelemetryLoadTest, FiveHundredWatchersKeepUpAtOneHundredSummariesPerSecond)
   }
   EXPECT_GT(kept_up, 0);
   const double growth_mib = (rss_peak - rss_warm) / 1024.0;
-  std::printf("load: %d watchers, %d summaries/s for %d s: %d kept up, %d fell behind and were "
+  std::printf("load: %d watchers, %d summaries/s for %d s: %d got every step, %d fell behind and were "
               "told where to resume, %lld deliveries\n",
               kWatchers, kRate, seconds, kept_up, told,
               static_cast<long long>(fleet.TotalReceived()));
