@@ -69,7 +69,6 @@ class WatchFleet {
     void OnDone(const grpc::Status& s) override {
       absl::MutexLock lock(&fleet_->mu_);
       status = s;
-      done_ = true;
       ended.store(true, std::memory_order_release);
       ++fleet_->done_;
     }
@@ -77,17 +76,12 @@ class WatchFleet {
     WatchFleet* const fleet_;
     grpc::ClientContext context_;
     v1::GlobalSummary in_;
-    bool done_ = false;  // guarded by fleet_->mu_
   };
 
   explicit WatchFleet(Config config) : config_(std::move(config)) {}
   ~WatchFleet() {
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& reader : readers_) {
-        if (!reader->done_) reader->context_.TryCancel();
-      }
-    }
+    // Harmless on streams that already ended; not under mu_, which OnDone takes.
+    for (auto& reader : readers_) reader->context_.TryCancel();
     AwaitDone(absl::Minutes(1));
   }
 
