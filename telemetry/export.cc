@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 namespace meshrun::telemetry {
 namespace {
@@ -41,6 +42,12 @@ std::string JsonString(absl::string_view s) {
     }
   }
   return out + "\"";
+}
+
+// Series names are identifiers declared by the job; quote one anyway if it needs it (RFC 4180).
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "\"\""}}), "\"");
 }
 
 // Protocol buffer wire format, the few pieces an Event needs.
@@ -115,10 +122,8 @@ std::string CsvRows(const v1::GlobalSummary& summary) {
   std::string out;
   for (const v1::TelemetryValue& v : summary.values()) {
     for (int i = 0; i < v.values_size(); ++i) {
-      // Series names are identifiers (declared by the job); quote them anyway if they need it.
-      const bool quote = v.name().find_first_of(",\"\n") != std::string::npos;
       absl::StrAppend(&out, summary.step(), ",", summary.wall_time_unix_micros(), ",",
-                      quote ? JsonString(v.name()) : v.name(), ",", i, ",",
+                      CsvField(v.name()), ",", i, ",",
                       ElementIndex(v.shape(), i), ",", FloatText(v.values(i)), ",",
                       summary.partial() ? "true" : "false", "\n");
     }

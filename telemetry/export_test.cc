@@ -49,6 +49,14 @@ TEST(ExportTest, CsvHasOneRowPerElementWithItsIndex) {
             "20,1700000000250000,sink_mass,3,1/1,0.400000006,false\n");
 }
 
+TEST(ExportTest, CsvQuotesANameThatNeedsIt) {
+  v1::GlobalSummary s = Sample();
+  s.mutable_values(0)->set_name("loss, \"smoothed\"");
+  const std::string rows = CsvRows(s);
+  EXPECT_EQ(rows.rfind("20,1700000000250000,\"loss, \"\"smoothed\"\"\",0,,1.25,false\n", 0), 0u)
+      << rows;
+}
+
 TEST(ExportTest, JsonLineWritesNanAsNull) {
   const std::string line = JsonLine(Sample());
   EXPECT_NE(line.find("\"step\":20"), std::string::npos);
