@@ -15,9 +15,12 @@
 // Prints absolute figures of both, then as its last line (higher is better):
 //   ratio fanout_vs_grpc <meshrun deliveries/s / grpc deliveries/s>
 //
-// Rounds alternate which path goes first; figures are medians over rounds.
+// Rounds alternate which path goes first; figures are medians over rounds. Then one run of each
+// at a steady `--paced_rate` for 10 s reports latency below saturation (with the window, the
+// throughput runs' latency is mostly queueing).
 //
 // Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 2]
+//                             [--paced_rate 20]
 #include <unistd.h>
 
 #include <cstdio>
@@ -154,6 +157,8 @@ struct Options {
   int64_t summaries = 1000;
   int64_t window = 256;
   int rounds = 2;
+  double rate = 0;        // summaries/s; 0 = as fast as the window allows
+  double paced_rate = 20;  // the latency run's rate (0: skip it)
 };
 
 // Publishes `summaries` with `publish(step)`, at most `window` ahead of the slowest watcher,
@@ -164,6 +169,9 @@ absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& 
   const double start = Now();
   for (int64_t step = 1; step <= options.summaries; ++step) {
     while (step - fleet.MinReceived() > options.window) absl::SleepFor(absl::Microseconds(200));
+    if (options.rate > 0) {
+      absl::SleepFor(absl::Seconds((step - 1) / options.rate - (Now() - start)));
+    }
     publish(step);
   }
   if (!fleet.AwaitReceived(options.summaries, absl::Minutes(2))) {
@@ -281,14 +289,15 @@ int Main(int argc, char** argv) {
     else if (flag == "--summaries") options.summaries = value;
     else if (flag == "--window") options.window = value;
     else if (flag == "--rounds") options.rounds = value;
+    else if (flag == "--paced_rate") options.paced_rate = value;
     else return Fail("usage", absl::InvalidArgumentError(
-                                  "flags: --watchers --summaries --window --rounds"));
+                                  "flags: --watchers --summaries --window --rounds --paced_rate"));
   }
   if (options.watchers < 1 || options.summaries < 1 || options.rounds < 1 ||
-      options.window < 1 || options.window >= 1024) {
+      options.paced_rate < 0 || options.window < 1 || options.window >= 1024) {
     return Fail("flags", absl::InvalidArgumentError(
-                             "--watchers, --summaries and --rounds >= 1, 1 <= --window < 1024 "
-                             "(the coordinator's per-watcher queue)"));
+                             "--watchers, --summaries and --rounds >= 1, --paced_rate >= 0, "
+                             "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
   }
   // Rounds alternate which path goes first; figures are medians over rounds.
   std::vector<double> rate[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
@@ -313,6 +322,22 @@ int Main(int argc, char** argv) {
                 "p99 %7.2f ms\n",
                 path == 0 ? "grpc" : "meshrun", Median(rate[path]),
                 Median(rate[path]) / options.watchers, Median(p50[path]), Median(p99[path]));
+  }
+  // Latency below saturation: the same fan-out at a steady rate both sustain.
+  if (options.paced_rate > 0) {
+    Options paced = options;
+    paced.rate = options.paced_rate;
+    paced.summaries = static_cast<int64_t>(10 * options.paced_rate);  // 10 s
+    const std::string dir = std::filesystem::temp_directory_path() /
+                            absl::StrCat("meshrun_fanout_bench_", getpid(), "_paced");
+    absl::StatusOr<Figures> grpc = RunGrpc(paced);
+    absl::StatusOr<Figures> meshrun = RunMeshrun(paced, dir);
+    std::filesystem::remove_all(dir);
+    if (!grpc.ok()) return Fail("grpc paced", grpc.status());
+    if (!meshrun.ok()) return Fail("meshrun paced", meshrun.status());
+    std::printf("paced at %.0f summaries/s for 10 s: latency grpc p50 %.2f ms p99 %.2f ms, "
+                "meshrun p50 %.2f ms p99 %.2f ms\n",
+                paced.rate, grpc->p50_ms, grpc->p99_ms, meshrun->p50_ms, meshrun->p99_ms);
   }
   std::printf("ratio fanout_vs_grpc %.3f\n", Median(rate[1]) / Median(rate[0]));
   return 0;
