@@ -33,6 +33,7 @@ class JobTable {
  public:
   struct Config {
     Clock* clock = &RealClock();
+    int64_t first_id = 1;  // ids are job-<first_id>, ...: past those a restart still knows of
   };
 
   // Errors: INVALID_ARGUMENT when the clock is null.
@@ -67,13 +68,13 @@ class JobTable {
                                             const std::string& error);
 
  private:
-  explicit JobTable(Config config) : config_(config) {}
+  explicit JobTable(Config config) : config_(config), next_id_(config.first_id) {}
   absl::Status TransitionLocked(v1::JobManifest& job, v1::JobState to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   mutable absl::Mutex mu_;
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::JobManifest> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // ids in submission order
 };

@@ -6,7 +6,7 @@
 #   .deps/pjrt/include/xla/pjrt/c/pjrt_c_api.h    PJRT C API header
 #   .deps/pjrt/lib/xla_cpu_pjrt.so                XLA CPU PJRT plugin
 #   .deps/pjrt/MANIFEST                           what was installed, with sha256s
-#   .venv/                                        jax + jaxlib (skip: MESHRUN_SKIP_JAX=1)
+#   .venv/                                        jax + jaxlib, tensorboard (skip: MESHRUN_SKIP_JAX=1)
 #
 # Idempotent and non-interactive: a second run downloads nothing and rewrites
 # nothing. Needs python3 (with pip), sha256sum. See docs/pjrt.md.
@@ -115,5 +115,19 @@ else
     --no-input --only-binary=:all: "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"
   jax_ok || die "jax/jaxlib $JAX_VERSION not importable from .venv"
   step ".venv ready"
+fi
+# TensorBoard's own event reader checks `meshrun export --format=tensorboard` in the tests.
+TENSORBOARD_VERSION=2.21.0
+tensorboard_ok() {
+  "$VENV/bin/python" -c "import sys; from importlib.metadata import version; \
+sys.exit(version('tensorboard') != sys.argv[1])" "$TENSORBOARD_VERSION" 2>/dev/null
+}
+if tensorboard_ok; then
+  step ".venv has tensorboard==$TENSORBOARD_VERSION"
+else
+  step "installing tensorboard==$TENSORBOARD_VERSION into .venv"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --no-input --only-binary=:all: "tensorboard==$TENSORBOARD_VERSION"
+  tensorboard_ok || die "tensorboard $TENSORBOARD_VERSION not importable from .venv"
 fi
 step "done"

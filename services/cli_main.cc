@@ -1,10 +1,13 @@
 // meshrun: the command-line client.
 #include <google/protobuf/text_format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <deque>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -21,6 +24,7 @@
 #include "services/job_bundle.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
+#include "telemetry/export.h"
 #include "worker/runtime/identity.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
@@ -38,7 +42,14 @@ ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its ma
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
           "job without one would get)");
-ABSL_FLAG(int64_t, since_step, 0, "watch: first step to show (history first, then live)");
+ABSL_FLAG(int64_t, since_step, 0,
+          "watch, export: first step to show (watch: history first, then live)");
+ABSL_FLAG(std::vector<std::string>, series, {},
+          "watch, export: only these series (comma-separated); default every series");
+ABSL_FLAG(std::string, format, "csv", "export: csv, jsonl or tensorboard");
+ABSL_FLAG(std::string, out, "",
+          "export: output file (csv, jsonl; default stdout) or directory (tensorboard; default "
+          "./tensorboard/<job-id>)");
 
 namespace meshrun::services {
 namespace {
@@ -53,7 +64,9 @@ constexpr char kUsage[] =
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
-    "  watch <job-id>       live telemetry table with sparklines (--since_step)\n"
+    "  watch <job-id>       live telemetry table with sparklines (--since_step, --series)\n"
+    "  export <job-id>      the job's telemetry history (--format=csv|jsonl|tensorboard, --out,\n"
+    "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
     "  version              print this build's version and protocol range\n";
@@ -310,6 +323,7 @@ int Watch(const std::vector<std::string>& args) {
   v1::WatchTelemetryRequest request;
   request.set_job_id(args[2]);
   request.set_since_step(absl::GetFlag(FLAGS_since_step));
+  for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
   grpc::ClientContext context;  // a watch lasts as long as the job: no deadline
   auto reader = stub->WatchTelemetry(&context, request);
   v1::GlobalSummary summary;
@@ -350,6 +364,78 @@ int Watch(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Reads the job's history (WatchTelemetry, history only) and writes it in the chosen format.
+// The output is created at the first summary, so a refused export leaves no file behind.
+int Export(const std::vector<std::string>& args) {
+  if (args.size() != 3) {
+    ExitWithError("usage: meshrun export <job-id> --format=csv|jsonl|tensorboard [--out=PATH]", 2);
+  }
+  const std::string& job = args[2];
+  absl::StatusOr<telemetry::ExportFormat> format =
+      telemetry::ParseExportFormat(absl::GetFlag(FLAGS_format));
+  if (!format.ok()) ExitWithError(std::string(format.status().message()), 2);
+  const bool tensorboard = *format == telemetry::ExportFormat::kTensorBoard;
+  std::string out = absl::GetFlag(FLAGS_out);
+  std::string dir;  // tensorboard: created with the file
+  if (tensorboard) {
+    dir = out.empty() ? "tensorboard/" + job : out;
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    out = dir + "/" + telemetry::TensorBoardFileName(absl::Now(), host);
+  }
+
+  auto stub = CoordinatorStub();
+  v1::WatchTelemetryRequest request;
+  request.set_job_id(job);
+  request.set_since_step(absl::GetFlag(FLAGS_since_step));
+  for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
+  request.set_history_only(true);
+  grpc::ClientContext context;  // long histories take as long as they take: no deadline
+  auto reader = stub->WatchTelemetry(&context, request);
+  std::FILE* file = nullptr;
+  auto write = [&](const std::string& bytes) {
+    if (file == nullptr) {
+      std::error_code error;
+      if (!dir.empty()) std::filesystem::create_directories(dir, error);
+      if (error) ExitWithError(absl::StrCat("--out=", dir, ": ", error.message()), 1);
+      file = out.empty() ? stdout : std::fopen(out.c_str(), "wb");
+      if (file == nullptr) {
+        ExitWithError(absl::StrCat("--out=", out, ": ", std::strerror(errno)), 1);
+      }
+      if (*format == telemetry::ExportFormat::kCsv) {
+        std::fputs(telemetry::CsvHeader().c_str(), file);
+      }
+      if (tensorboard) {
+        const std::string header = telemetry::TensorBoardFileHeader(absl::Now());
+        std::fwrite(header.data(), 1, header.size(), file);
+      }
+    }
+    if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
+      ExitWithError(absl::StrCat("writing ", out, ": ", std::strerror(errno)), 1);
+    }
+  };
+  v1::GlobalSummary summary;
+  int64_t steps = 0;
+  while (reader->Read(&summary)) {
+    switch (*format) {
+      case telemetry::ExportFormat::kCsv: write(telemetry::CsvRows(summary)); break;
+      case telemetry::ExportFormat::kJsonl: write(telemetry::JsonLine(summary)); break;
+      case telemetry::ExportFormat::kTensorBoard:
+        write(telemetry::TensorBoardRecord(summary));
+        break;
+    }
+    ++steps;
+  }
+  CheckCall(reader->Finish(), "export " + job);
+  if (file == nullptr) write("");  // an empty history still gets a valid (empty) file
+  if (file != stdout && std::fclose(file) != 0) {
+    ExitWithError(absl::StrCat("writing ", out, ": ", std::strerror(errno)), 1);
+  }
+  std::fprintf(stderr, "exported %lld steps of %s to %s\n", static_cast<long long>(steps),
+               job.c_str(), out.empty() ? "stdout" : out.c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace meshrun::services
 
@@ -365,6 +451,7 @@ int main(int argc, char** argv) {
   if (command == "list") return List();
   if (command == "cancel") return Cancel(args);
   if (command == "watch") return Watch(args);
+  if (command == "export") return Export(args);
   if (command == "metrics") return Metrics(args);
   if (command == "memory") return Memory(args);
   if (command == "version") {
@@ -372,5 +459,5 @@ int main(int argc, char** argv) {
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, metrics, memory, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, export, metrics, memory, version", 2);
 }

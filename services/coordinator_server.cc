@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -139,7 +141,12 @@ absl::Status CoordinatorRpcHandler::ReportJobProgress(const v1::ReportJobProgres
   if (request.job_id().empty() || request.host().empty()) {
     return absl::InvalidArgumentError("job_id and host must be set");
   }
-  return launcher_->Report(request);
+  absl::Status status = launcher_->Report(request);
+  // A job from before a coordinator restart: its telemetry was resumed and ends with its hosts.
+  if (absl::IsNotFound(status) && coordinator::IsFinal(request.state())) {
+    telemetry_->HostEnded(request.job_id(), request.host());
+  }
+  return status;
 }
 
 namespace {
@@ -450,7 +457,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                   {.job_id = request->job_id(),
                    .since_step = request->since_step(),
                    .names = {request->names().begin(), request->names().end()},
-                   .host_detail = request->host_detail()});
+                   .host_detail = request->host_detail(),
+                   .history_only = request->history_only()});
     if (!watcher.ok()) {
       // A reactor that only reports the refusal.
       class Refusal final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
@@ -530,7 +538,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                    coordinator::WorkerRegistry::Create(
                        {.heartbeat_timeout = config.heartbeat_timeout, .clock = config.clock}));
   ASSIGN_OR_RETURN(server->kv_, coordinator::KeyValueStore::Create({}));
-  ASSIGN_OR_RETURN(server->jobs_, coordinator::JobTable::Create({.clock = config.clock}));
   ASSIGN_OR_RETURN(server->cache_, coordinator::ExecutableCache::Create(
                                        {.directory = config.state_dir + "/executables",
                                         .max_bytes = config.cache_max_bytes,
@@ -542,6 +549,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   ASSIGN_OR_RETURN(server->telemetry_,
                    CoordinatorTelemetry::Create({.database = config.state_dir + "/telemetry.db",
                                                  .grace = config.telemetry_grace}));
+  // Job ids continue past those the history knows, so a restart never reuses one.
+  int64_t first_id = 1;
+  ASSIGN_OR_RETURN(std::vector<std::string> known, server->telemetry_->KnownJobs());
+  for (const std::string& id : known) {
+    int64_t n = 0;
+    if (absl::StartsWith(id, "job-") && absl::SimpleAtoi(id.substr(4), &n)) {
+      first_id = std::max(first_id, n + 1);
+    }
+  }
+  ASSIGN_OR_RETURN(server->jobs_,
+                   coordinator::JobTable::Create({.clock = config.clock, .first_id = first_id}));
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
                           .jobs = server->jobs_.get(),

@@ -112,6 +112,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return port_; }
+  // The telemetry path (tests and benchmarks drive it without workers).
+  CoordinatorTelemetry& telemetry() { return *telemetry_; }
 
   // Refuses new registrations, gives in-flight calls until `deadline`, then stops.
   void Drain(absl::Duration deadline);

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
                spdlog::warn("telemetry publish: {}", s.ToString());
              }
            }}));
+  RETURN_IF_ERROR(t->Resume());
   t->poller_ = std::thread([self] { self->PollLoop(); });
   return t;
 }
@@ -54,7 +56,20 @@ absl::Status CoordinatorTelemetry::DeclareJob(const std::string& job_id, const v
 }
 
 absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
-  telemetry::StepCombiner::JobSetup setup{.job_id = job.job_id()};
+  // What a restart needs to resume the job, without the programs.
+  v1::JobManifest setup;
+  setup.set_job_id(job.job_id());
+  *setup.mutable_host_incarnations() = job.host_incarnations();
+  *setup.mutable_mesh() = job.mesh();
+  *setup.mutable_spec()->mutable_telemetry() = job.spec().telemetry();
+  RETURN_IF_ERROR(StartCombining(setup, 0));
+  return history_->SetCollecting(job.job_id(), setup.SerializeAsString());
+}
+
+absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
+                                                  int64_t emitted_through_step) {
+  telemetry::StepCombiner::JobSetup setup{.job_id = job.job_id(),
+                                          .emitted_through_step = emitted_through_step};
   // Replicas per host: the data-parallel size spread over the job's hosts.
   const int hosts = std::max(1, job.host_incarnations_size());
   const int data = job.mesh().shape_size() > 0 ? job.mesh().shape(0) : 1;
@@ -67,9 +82,68 @@ absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
   return combiner_->StartJob(std::move(setup));
 }
 
+absl::Status CoordinatorTelemetry::Resume() {
+  ASSIGN_OR_RETURN(auto collecting, history_->Collecting());
+  for (const auto& [job_id, bytes] : collecting) {
+    // One job that cannot be resumed must not keep the coordinator down: its history stays.
+    if (absl::Status s = ResumeJob(job_id, bytes); !s.ok()) {
+      spdlog::error("telemetry of job {} not resumed: {}", job_id, s.ToString());
+      combiner_->FinishJob(job_id).IgnoreError();
+      hub_->EndJob(job_id).IgnoreError();
+      RETURN_IF_ERROR(history_->ClearCollecting(job_id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorTelemetry::ResumeJob(const std::string& job_id, const std::string& bytes) {
+  v1::JobManifest job;
+  if (!job.ParseFromString(bytes)) return absl::DataLossError("its stored setup does not parse");
+  ASSIGN_OR_RETURN(int64_t latest, history_->LatestStep(job_id));
+  std::vector<std::string> series;
+  for (const auto& d : job.spec().telemetry()) series.push_back(d.name());
+  RETURN_IF_ERROR(hub_->OpenJob(job_id, std::move(series)));
+  RETURN_IF_ERROR(StartCombining(job, latest));
+  // Steps acknowledged to workers but not yet combined at the crash.
+  ASSIGN_OR_RETURN(std::vector<v1::HostSummary> pending,
+                   history_->ReadHostSummaries(job_id, latest));
+  for (const v1::HostSummary& summary : pending) RETURN_IF_ERROR(combiner_->Add(summary).status());
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [host, incarnation] : job.host_incarnations()) resumed_[job_id].insert(host);
+  }
+  spdlog::info("telemetry of job {} resumed after step {} ({} host summaries pending)", job_id,
+               latest, pending.size());
+  return absl::OkStatus();
+}
+
 void CoordinatorTelemetry::EndJob(const std::string& job_id) {
   combiner_->FinishJob(job_id).IgnoreError();  // NOT_FOUND: never started collecting
   hub_->EndJob(job_id).IgnoreError();
+  if (absl::Status s = history_->ClearCollecting(job_id); !s.ok()) {
+    spdlog::warn("telemetry of job {}: {}", job_id, s.ToString());
+  }
+}
+
+bool CoordinatorTelemetry::HostEnded(const std::string& job_id, const std::string& host) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = resumed_.find(job_id);
+    if (it == resumed_.end()) return false;
+    it->second.erase(host);
+    if (!it->second.empty()) return true;
+    resumed_.erase(it);
+  }
+  spdlog::info("telemetry of resumed job {} ended: every host reported its end", job_id);
+  EndJob(job_id);
+  return true;
+}
+
+absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const {
+  ASSIGN_OR_RETURN(std::vector<telemetry::HistoryStore::JobInfo> jobs, history_->ListJobs());
+  std::vector<std::string> ids;
+  for (const auto& job : jobs) ids.push_back(job.job_id);
+  return ids;
 }
 
 absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {

@@ -2,15 +2,28 @@
 // (telemetry/step_combiner), persisted (telemetry/history_store, SQLite) and fanned out to
 // watchers (telemetry/watch_hub). A host summary is acknowledged only once it is committed.
 //
+// Restart: StartJob records the job as collecting in the history (hosts, replica counts,
+// declarations); EndJob clears it. A coordinator created on the same database resumes every job
+// still collecting — it was killed mid-job — so the workers' resent summaries are combined, not
+// refused: the combiner counts the steps in history as emitted and gets back the host summaries
+// of the steps pending at the crash (acknowledged, not yet combined), so no step is emitted
+// twice or lost. A resumed job ends when each of its hosts reports its end (HostEnded), since
+// the restarted coordinator's job table no longer knows it.
+//
 // Lifetime: Create() starts a timer thread for grace deadlines; the destructor stops it.
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "meshrun/v1/job.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
@@ -40,6 +53,11 @@ class CoordinatorTelemetry {
   absl::Status StartJob(const v1::JobManifest& job);
   // Emits what is pending (partial where hosts are missing) and ends the job's watchers.
   void EndJob(const std::string& job_id);
+  // A host of a job resumed after a restart ended it; the job ends when all its hosts did.
+  // Returns false when the job is not a resumed one.
+  bool HostEnded(const std::string& job_id, const std::string& host);
+  // Every job id with telemetry history (for ids that must not be reused after a restart).
+  absl::StatusOr<std::vector<std::string>> KnownJobs() const;
 
   // Validates, combines and commits one host summary; returns the host's persisted step.
   // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's.
@@ -50,10 +68,16 @@ class CoordinatorTelemetry {
  private:
   CoordinatorTelemetry() = default;
   void PollLoop();
+  absl::Status StartCombining(const v1::JobManifest& job, int64_t emitted_through_step);
+  // Resumes the jobs the history says were collecting (see "Restart").
+  absl::Status Resume();
+  absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
 
   std::unique_ptr<telemetry::HistoryStore> history_;
   std::unique_ptr<telemetry::WatchHub> hub_;
   std::unique_ptr<telemetry::StepCombiner> combiner_;
+  absl::Mutex mu_;
+  std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
   absl::Notification stop_;
   std::thread poller_;
 };

@@ -67,6 +67,9 @@ CREATE TABLE IF NOT EXISTS host_progress(
   host TEXT NOT NULL,
   persisted_through_step INTEGER NOT NULL,
   PRIMARY KEY(job_id, host)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS collecting(
+  job_id TEXT PRIMARY KEY,
+  setup BLOB NOT NULL) WITHOUT ROWID;
 )sql";
 
 absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
@@ -641,6 +644,33 @@ absl::StatusOr<int64_t> HistoryStore::PersistedThroughStep(const std::string& jo
                                                  "host_progress WHERE job_id = ?1 AND host = ?2"));
   ASSIGN_OR_RETURN(bool row, stmt.Bind(1, job_id).Bind(2, host).Step());
   return row ? stmt.Int(0) : 0;
+}
+
+absl::Status HistoryStore::SetCollecting(const std::string& job_id, const std::string& setup) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "INSERT OR REPLACE INTO collecting(job_id, "
+                                                 "setup) VALUES (?1, ?2)"));
+  return stmt.Bind(1, job_id).BindBlob(2, setup).Run();
+}
+
+absl::Status HistoryStore::ClearCollecting(const std::string& job_id) {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "DELETE FROM collecting WHERE job_id = ?1"));
+  return stmt.Bind(1, job_id).Run();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> HistoryStore::Collecting() const {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT job_id, setup FROM collecting"));
+  std::map<std::string, std::string> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) break;
+    const char* blob = static_cast<const char*>(stmt.Blob(1));
+    out[stmt.Text(0)] = blob == nullptr ? "" : std::string(blob, stmt.Bytes(1));
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::TelemetryDeclaration>> HistoryStore::Series(

@@ -17,6 +17,8 @@
 //                                                           NaN is stored as NULL
 //   host_summaries(job_id, step, host, host_index, inserted_micros, summary)
 //   host_progress(job_id, host, persisted_through_step)     survives pruning
+//   collecting(job_id, setup)                               jobs collecting telemetry now, with
+//                                                           an opaque setup to resume them from
 //
 // Retention: Prune() (called by the owner, e.g. once a minute) deletes, per job, global and
 // host summaries and series points older than `max_age` (by insertion time on the injected
@@ -150,6 +152,15 @@ class HistoryStore {
 
   // The job's declared (or first seen) series, in registration order. Errors: NOT_FOUND.
   absl::StatusOr<std::vector<v1::TelemetryDeclaration>> Series(const std::string& job_id) const;
+
+  // Marks a job as collecting telemetry, with the owner's serialized setup, so a restarted
+  // coordinator resumes it (CoordinatorTelemetry). Replaces an earlier setup.
+  // Errors: INVALID_ARGUMENT (empty job_id).
+  absl::Status SetCollecting(const std::string& job_id, const std::string& setup);
+  // The job no longer collects (no-op when it did not).
+  absl::Status ClearCollecting(const std::string& job_id);
+  // Every collecting job's setup, by job_id.
+  absl::StatusOr<std::map<std::string, std::string>> Collecting() const;
 
   // Every job with history, by job_id.
   absl::StatusOr<std::vector<JobInfo>> ListJobs() const;

@@ -334,7 +334,7 @@ absl::StatusOr<std::shared_ptr<Watcher>> WatchHub::Subscribe(const SubscribeRequ
     watcher.reset(new Watcher(config_.history, request.job_id, request.since_step,
                               request.names, request.host_detail, config_.watcher_capacity,
                               config_.backfill_batch));
-    if (open) {
+    if (open && !request.history_only) {
       it->second.watchers.push_back(watcher);
     } else {
       (void)watcher->End(absl::OkStatus());  // history only: backfill, then end of stream

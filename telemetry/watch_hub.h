@@ -160,6 +160,7 @@ class WatchHub {
     int64_t since_step = 0;          // 0 = from the oldest kept step
     std::vector<std::string> names;  // empty = every series
     bool host_detail = false;
+    bool history_only = false;       // deliver the history, then end (no live summaries)
   };
 
   // Errors: INVALID_ARGUMENT (history null, capacity or batch 0).

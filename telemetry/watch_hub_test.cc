@@ -104,6 +104,20 @@ class WatchHubTest : public ::testing::Test {
   std::unique_ptr<WatchHub> hub_;
 };
 
+TEST_F(WatchHubTest, HistoryOnlyEndsAfterTheHistoryOfARunningJob) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  for (int step = 1; step <= 5; ++step) Commit("job-1", step);
+  WatchHub::SubscribeRequest request{.job_id = "job-1", .since_step = 2, .history_only = true};
+  auto watcher = hub_->Subscribe(request);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  EXPECT_EQ(hub_->WatcherCount("job-1"), 0);  // never registered for live summaries
+  Commit("job-1", 6);  // in history before the lazy read reaches it: delivered
+  EXPECT_EQ(PopSteps(**watcher, 5), Range(2, 6));
+  auto end = (*watcher)->Pop(absl::Seconds(10));
+  ASSERT_EQ(end.kind, Kind::kEnd);
+  EXPECT_TRUE(end.status.ok()) << end.status;
+}
+
 TEST_F(WatchHubTest, BackfillThenLiveWithNotification) {
   ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
   for (int step = 1; step <= 10; ++step) Commit("job-1", step);

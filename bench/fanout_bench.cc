@@ -1,0 +1,349 @@
+// Fan-out of one job's summaries to 500 watchers over loopback, all in this process:
+//   meshrun   the coordinator's path: one host streams summaries with the worker's uploader
+//             (TelemetryUploader -> UploadTelemetry) into a real CoordinatorServer, which
+//             validates, combines, commits them to its SQLite history and fans them out through
+//             the watch hub to 500 WatchTelemetry streams.
+//   grpc      a bare gRPC server of the same service whose WatchTelemetry streams hold a queue
+//             of shared summaries each; the publisher hands every summary (the same messages)
+//             straight to the 500 streams.
+// Both are read by the same client code (tests/watch_fleet.h: callback readers on 4 channels)
+// and driven the same way: summaries are published as fast as the slowest watcher allows, at
+// most `--window` ahead of it (below the coordinator's per-watcher queue, so nobody overflows).
+// Throughput = deliveries (summaries x watchers) per second from the first publish until every
+// watcher holds every summary; latency = publish to receive, per delivery.
+//
+// Prints absolute figures of both, then as its last line (higher is better):
+//   ratio fanout_vs_grpc <meshrun deliveries/s / grpc deliveries/s>
+//
+// Rounds alternate which path goes first; figures are medians over rounds. Then one run of each
+// at a steady `--paced_rate` for 10 s reports latency below saturation (with the window, the
+// throughput runs' latency is mostly queueing).
+//
+// Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 2]
+//                             [--paced_rate 20]
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bench/bench_support.h"
+#include "common/status_macros.h"
+#include "services/coordinator_server.h"
+#include "services/server_support.h"
+#include "services/telemetry_uploader.h"
+#include "tests/watch_fleet.h"
+
+namespace meshrun::bench {
+namespace {
+
+// One step of a job: loss, grad_norm and a 6x4 sink mass, as the transformer example reports.
+template <typename Summary>
+void FillValues(Summary& s, int64_t step) {
+  s.set_step(step);
+  s.set_step_time_seconds(0.01);
+  s.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
+  for (const char* name : {"loss", "grad_norm"}) {
+    v1::TelemetryValue* v = s.add_values();
+    v->set_name(name);
+    v->add_values(1.0f / step);
+  }
+  v1::TelemetryValue* sink = s.add_values();
+  sink->set_name("sink_mass");
+  sink->add_shape(6);
+  sink->add_shape(4);
+  for (int i = 0; i < 24; ++i) sink->add_values(0.01f * i);
+}
+
+// The baseline: WatchTelemetry streams fed directly from memory.
+class BareFanout final : public v1::Coordinator::CallbackService {
+ public:
+  class Stream final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
+   public:
+    explicit Stream(BareFanout* owner) : owner_(owner) {}
+    void Push(std::shared_ptr<const v1::GlobalSummary> summary) {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      queue_.push_back(std::move(summary));
+      if (!writing_) WriteNextLocked();
+    }
+    void End() {
+      absl::MutexLock lock(&mu_);
+      ending_ = true;
+      if (!writing_ && queue_.empty()) FinishLocked(grpc::Status::OK);
+    }
+    void OnWriteDone(bool ok) override {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "gone"));
+      if (!queue_.empty()) return WriteNextLocked();
+      if (ending_) FinishLocked(grpc::Status::OK);
+    }
+    void OnDone() override {
+      owner_->Remove(this);
+      delete this;
+    }
+
+   private:
+    void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      StartWrite(current_.get());
+    }
+    void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (finished_) return;
+      finished_ = true;
+      queue_.clear();
+      Finish(status);
+    }
+    BareFanout* const owner_;
+    absl::Mutex mu_;
+    std::deque<std::shared_ptr<const v1::GlobalSummary>> queue_ ABSL_GUARDED_BY(mu_);
+    std::shared_ptr<const v1::GlobalSummary> current_ ABSL_GUARDED_BY(mu_);
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool ending_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
+      grpc::CallbackServerContext*, const v1::WatchTelemetryRequest*) override {
+    auto* stream = new Stream(this);
+    absl::MutexLock lock(&mu_);
+    streams_.insert(stream);
+    return stream;
+  }
+  int Streams() {
+    absl::MutexLock lock(&mu_);
+    return streams_.size();
+  }
+  void Publish(const std::shared_ptr<const v1::GlobalSummary>& summary) {
+    absl::MutexLock lock(&mu_);
+    for (Stream* stream : streams_) stream->Push(summary);
+  }
+  void EndAll() {
+    absl::MutexLock lock(&mu_);
+    for (Stream* stream : streams_) stream->End();
+  }
+
+ private:
+  void Remove(Stream* stream) {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(stream);
+  }
+  absl::Mutex mu_;
+  std::set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Figures {
+  double deliveries_per_second = 0;
+  double p50_ms = 0, p99_ms = 0;
+};
+
+struct Options {
+  int watchers = 500;
+  int64_t summaries = 1000;
+  int64_t window = 256;
+  int rounds = 2;
+  double rate = 0;        // summaries/s; 0 = as fast as the window allows
+  double paced_rate = 20;  // the latency run's rate (0: skip it)
+};
+
+// Publishes `summaries` with `publish(step)`, at most `window` ahead of the slowest watcher,
+// and measures until every watcher holds them all; `end` then closes the streams.
+template <typename Publish, typename End>
+absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& fleet,
+                              Publish publish, End end) {
+  const double start = Now();
+  for (int64_t step = 1; step <= options.summaries; ++step) {
+    while (step - fleet.MinReceived() > options.window) absl::SleepFor(absl::Microseconds(200));
+    if (options.rate > 0) {
+      absl::SleepFor(absl::Seconds((step - 1) / options.rate - (Now() - start)));
+    }
+    publish(step);
+  }
+  if (!fleet.AwaitReceived(options.summaries, absl::Minutes(2))) {
+    return absl::DeadlineExceededError(absl::StrCat("the slowest watcher has ",
+                                                    fleet.MinReceived(), " summaries"));
+  }
+  const double elapsed = Now() - start;
+  end();
+  if (!fleet.AwaitDone(absl::Minutes(1))) return absl::DeadlineExceededError("streams not ended");
+  for (const auto& reader : fleet.readers()) {
+    if (!reader->status.ok() || reader->breaks != 0 || reader->received != options.summaries) {
+      return absl::InternalError(absl::StrCat("a watcher got ", reader->received.load(),
+                                              " summaries, ", reader->breaks, " breaks: ",
+                                              reader->status.error_message()));
+    }
+  }
+  return Figures{.deliveries_per_second = options.summaries * options.watchers / elapsed,
+                 .p50_ms = fleet.LatencyPercentile(50) / 1e3,
+                 .p99_ms = fleet.LatencyPercentile(99) / 1e3};
+}
+
+test_support::WatchFleet::Config FleetConfig(const Options& options, int port,
+                                             const std::string& job) {
+  v1::WatchTelemetryRequest request;
+  request.set_job_id(job);
+  request.set_since_step(1);
+  return {.address = absl::StrCat("127.0.0.1:", port),
+          .watchers = options.watchers,
+          .channels = 4,
+          .request = request,
+          .expected_summaries = static_cast<size_t>(options.summaries)};
+}
+
+absl::Status AwaitCount(const std::function<int()>& count, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (count() < want) {
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("watchers did not subscribe");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Figures> RunGrpc(const Options& options) {
+  BareFanout service;
+  ASSIGN_OR_RETURN(services::StartedServer server,
+                   services::StartGrpcServer("listen", "127.0.0.1:0", {&service}));
+  absl::StatusOr<Figures> figures;
+  {
+    test_support::WatchFleet fleet(FleetConfig(options, server.port, "bare"));
+    fleet.Start();
+    RETURN_IF_ERROR(AwaitCount([&] { return service.Streams(); }, options.watchers));
+    figures = Drive(
+        options, fleet,
+        [&](int64_t step) {
+          auto summary = std::make_shared<v1::GlobalSummary>();
+          summary->set_job_id("bare");
+          FillValues(*summary, step);
+          service.Publish(summary);
+        },
+        [&] { service.EndAll(); });
+  }
+  services::DrainServer(*server.server, absl::Seconds(1));
+  return figures;
+}
+
+absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<services::CoordinatorServer> server,
+                   services::CoordinatorServer::Start({.listen = "127.0.0.1:0", .state_dir = dir}));
+  const std::string job = "fanout-1", host = "bench-host";
+  v1::JobManifest manifest;
+  manifest.set_job_id(job);
+  (*manifest.mutable_host_incarnations())[host] = "incarnation-1";
+  manifest.mutable_mesh()->add_shape(1);
+  for (const char* name : {"loss", "grad_norm", "sink_mass"}) {
+    v1::TelemetryDeclaration* d = manifest.mutable_spec()->add_telemetry();
+    d->set_name(name);
+    d->set_combine(v1::COMBINE_MEAN);
+    if (std::strcmp(name, "sink_mass") == 0) {
+      d->add_shape(6);
+      d->add_shape(4);
+    }
+  }
+  services::CoordinatorTelemetry& telemetry = server->telemetry();
+  RETURN_IF_ERROR(telemetry.DeclareJob(job, manifest.spec()));
+  RETURN_IF_ERROR(telemetry.StartJob(manifest));
+  absl::StatusOr<Figures> figures;
+  {
+    test_support::WatchFleet fleet(FleetConfig(options, server->port(), job));
+    fleet.Start();
+    RETURN_IF_ERROR(
+        AwaitCount([&] { return telemetry.hub().WatcherCount(job); }, options.watchers));
+    services::TelemetryUploader uploader(
+        {.coordinator = absl::StrCat("127.0.0.1:", server->port())});
+    figures = Drive(
+        options, fleet,
+        [&](int64_t step) {
+          v1::HostSummary summary;
+          summary.set_job_id(job);
+          summary.set_host(host);
+          summary.set_replica_count(1);
+          FillValues(summary, step);
+          uploader.Enqueue(std::move(summary));
+        },
+        [&] { telemetry.EndJob(job); });
+  }
+  return figures;
+}
+
+int Main(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int64_t value = std::atoll(argv[i + 1]);
+    if (flag == "--watchers") options.watchers = value;
+    else if (flag == "--summaries") options.summaries = value;
+    else if (flag == "--window") options.window = value;
+    else if (flag == "--rounds") options.rounds = value;
+    else if (flag == "--paced_rate") options.paced_rate = value;
+    else return Fail("usage", absl::InvalidArgumentError(
+                                  "flags: --watchers --summaries --window --rounds --paced_rate"));
+  }
+  if (options.watchers < 1 || options.summaries < 1 || options.rounds < 1 ||
+      options.paced_rate < 0 || options.window < 1 || options.window >= 1024) {
+    return Fail("flags", absl::InvalidArgumentError(
+                             "--watchers, --summaries and --rounds >= 1, --paced_rate >= 0, "
+                             "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
+  }
+  // Rounds alternate which path goes first; figures are medians over rounds.
+  std::vector<double> rate[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
+  for (int round = 0; round < options.rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int path = (round + i) % 2;
+      const std::string dir = std::filesystem::temp_directory_path() /
+                              absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round);
+      absl::StatusOr<Figures> f = path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
+      std::filesystem::remove_all(dir);
+      if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
+      rate[path].push_back(f->deliveries_per_second);
+      p50[path].push_back(f->p50_ms);
+      p99[path].push_back(f->p99_ms);
+    }
+  }
+  std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n",
+              options.watchers, static_cast<long long>(options.summaries),
+              static_cast<long long>(options.window), options.rounds);
+  for (int path = 0; path < 2; ++path) {
+    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  latency p50 %7.2f ms  "
+                "p99 %7.2f ms\n",
+                path == 0 ? "grpc" : "meshrun", Median(rate[path]),
+                Median(rate[path]) / options.watchers, Median(p50[path]), Median(p99[path]));
+  }
+  // Latency below saturation: the same fan-out at a steady rate both sustain.
+  if (options.paced_rate > 0) {
+    Options paced = options;
+    paced.rate = options.paced_rate;
+    paced.summaries = static_cast<int64_t>(10 * options.paced_rate);  // 10 s
+    const std::string dir = std::filesystem::temp_directory_path() /
+                            absl::StrCat("meshrun_fanout_bench_", getpid(), "_paced");
+    absl::StatusOr<Figures> grpc = RunGrpc(paced);
+    absl::StatusOr<Figures> meshrun = RunMeshrun(paced, dir);
+    std::filesystem::remove_all(dir);
+    if (!grpc.ok()) return Fail("grpc paced", grpc.status());
+    if (!meshrun.ok()) return Fail("meshrun paced", meshrun.status());
+    std::printf("paced at %.0f summaries/s for 10 s: latency grpc p50 %.2f ms p99 %.2f ms, "
+                "meshrun p50 %.2f ms p99 %.2f ms\n",
+                paced.rate, grpc->p50_ms, grpc->p99_ms, meshrun->p50_ms, meshrun->p99_ms);
+  }
+  std::printf("ratio fanout_vs_grpc %.3f\n", Median(rate[1]) / Median(rate[0]));
+  return 0;
+}
+
+}  // namespace
+}  // namespace meshrun::bench
+
+int main(int argc, char** argv) { return meshrun::bench::Main(argc, argv); }

@@ -1,0 +1,95 @@
+#include "services/coordinator_telemetry.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace meshrun::services {
+namespace {
+
+v1::HostSummary Host(const std::string& host, int64_t step, float loss) {
+  v1::HostSummary s;
+  s.set_job_id("job-7");
+  s.set_host(host);
+  s.set_step(step);
+  s.set_replica_count(1);
+  v1::TelemetryValue* v = s.add_values();
+  v->set_name("loss");
+  v->add_values(loss);
+  return s;
+}
+
+class CoordinatorTelemetryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "coordinator_telemetry_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    job_.set_job_id("job-7");
+    (*job_.mutable_host_incarnations())["a"] = "ia";
+    (*job_.mutable_host_incarnations())["b"] = "ib";
+    job_.mutable_mesh()->add_shape(2);
+    v1::TelemetryDeclaration* d = job_.mutable_spec()->add_telemetry();
+    d->set_name("loss");
+    d->set_combine(v1::COMBINE_MEAN);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<CoordinatorTelemetry> Open() {
+    auto t = CoordinatorTelemetry::Create({.database = dir_ + "/telemetry.db"});
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  std::string dir_;
+  v1::JobManifest job_;
+};
+
+// A coordinator that stops mid-job (no EndJob) with step 20 half reported: the next one resumes
+// the job, rebuilds step 20 from the stored host summary and emits it once, complete, when the
+// other host's summary arrives; resent summaries change nothing.
+TEST_F(CoordinatorTelemetryTest, RestartResumesPendingStepsWithoutDuplicates) {
+  {
+    auto first = Open();
+    ASSERT_TRUE(first->DeclareJob("job-7", job_.spec()).ok());
+    ASSERT_TRUE(first->StartJob(job_).ok());
+    for (const char* host : {"a", "b"}) ASSERT_TRUE(first->Accept(Host(host, 10, 1.0f)).ok());
+    EXPECT_EQ(*first->Accept(Host("a", 20, 2.0f)), 20);  // acknowledged, step 20 pending
+  }
+  auto second = Open();
+  auto watcher = second->hub().Subscribe({.job_id = "job-7", .since_step = 1});
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  // The workers resend what they did not see acknowledged, and more.
+  ASSERT_TRUE(second->Accept(Host("b", 10, 1.0f)).ok());
+  ASSERT_TRUE(second->Accept(Host("a", 20, 9.0f)).ok());  // a duplicate: the stored copy wins
+  ASSERT_TRUE(second->Accept(Host("b", 20, 4.0f)).ok());
+  std::vector<v1::GlobalSummary> got;
+  for (int i = 0; i < 2; ++i) {
+    auto item = (*watcher)->Pop(absl::Seconds(10));
+    ASSERT_EQ(item.kind, telemetry::Watcher::Kind::kItem) << item.status;
+    got.push_back(item.summary);
+  }
+  EXPECT_EQ(got[0].step(), 10);
+  EXPECT_EQ(got[1].step(), 20);
+  EXPECT_FALSE(got[1].partial());
+  EXPECT_FLOAT_EQ(got[1].values(0).values(0), 3.0f);  // mean of a's stored 2 and b's 4
+
+  // The restarted coordinator's job table does not know the job: it ends with its hosts.
+  EXPECT_FALSE(second->HostEnded("job-unknown", "a"));
+  EXPECT_TRUE(second->HostEnded("job-7", "a"));
+  EXPECT_EQ((*watcher)->TryPop().kind, telemetry::Watcher::Kind::kEmpty);
+  EXPECT_TRUE(second->HostEnded("job-7", "b"));
+  auto end = (*watcher)->Pop(absl::Seconds(10));
+  ASSERT_EQ(end.kind, telemetry::Watcher::Kind::kEnd);
+  EXPECT_TRUE(end.status.ok()) << end.status;
+  second.reset();
+  // Ended: a third start resumes nothing.
+  auto third = Open();
+  EXPECT_TRUE(absl::IsNotFound(third->Accept(Host("a", 30, 1.0f)).status()));
+}
+
+}  // namespace
+}  // namespace meshrun::services
