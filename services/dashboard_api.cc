@@ -49,7 +49,8 @@ std::string JsonString(const std::string& text) {
 
 // Only `allowed` may appear in the query; the first other one is named.
 absl::Status CheckParams(const HttpRequest& request, std::initializer_list<const char*> allowed) {
-  for (const auto& [name, value] : request.params) {
+  for (const auto& param : request.params) {
+    const std::string& name = param.first;
     if (std::find_if(allowed.begin(), allowed.end(),
                      [&](const char* a) { return name == a; }) == allowed.end()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -10,7 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "absl/synchronization/mutex.h"
 #include "services/coordinator_server.h"
+#include "services/coordinator_telemetry.h"
 #include "services/worker_server.h"
 #include "telemetry/prometheus.h"
 
@@ -120,6 +122,119 @@ TEST_F(HttpServerTest, BadRequestsNameTheProblemAndLeaveTheServerServing) {
   // Unharmed: still answering, and the gRPC side too.
   EXPECT_EQ(Get("/metrics").status, 200);
   EXPECT_EQ(Get("/").status, 200);
+}
+
+// The event stream over a real hub and history: resume after Last-Event-ID, live summaries,
+// the end of the job, and the stream limit that keeps the other paths served.
+TEST(DashboardStreamTest, ResumesGoesLiveEndsAndLimitsStreams) {
+  const std::string dir = TestDir("stream");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto telemetry = CoordinatorTelemetry::Create({.database = dir + "/telemetry.db"});
+  ASSERT_TRUE(telemetry.ok()) << telemetry.status();
+  // The stream needs only the handler's telemetry.
+  CoordinatorRpcHandler handler(nullptr, nullptr, nullptr, nullptr, telemetry->get());
+  auto api = DashboardApi::Create({.handler = &handler, .history = &(*telemetry)->history()});
+  ASSERT_TRUE(api.ok()) << api.status();
+  auto http = HttpServer::Start({.listen = "127.0.0.1:0", .api = api->get(), .max_streams = 1});
+  ASSERT_TRUE(http.ok()) << http.status();
+
+  v1::JobManifest job;
+  job.set_job_id("job-a");
+  v1::TelemetryDeclaration* loss = job.mutable_spec()->add_telemetry();
+  loss->set_name("loss");
+  loss->set_combine(v1::COMBINE_MEAN);
+  job.mutable_mesh()->add_shape(1);
+  (*job.mutable_host_incarnations())["h0"] = "i0";
+  ASSERT_TRUE((*telemetry)->DeclareJob("job-a", job.spec()).ok());
+  ASSERT_TRUE((*telemetry)->StartJob(job).ok());
+  auto send = [&](int step) {  // EXPECT, not ASSERT: it also runs while a reader thread does
+    v1::HostSummary summary;
+    summary.set_job_id("job-a");
+    summary.set_step(step);
+    summary.set_host("h0");
+    summary.set_replica_count(1);
+    v1::TelemetryValue* value = summary.add_values();
+    value->set_name("loss");
+    value->add_values(10.0f / step);
+    EXPECT_TRUE((*telemetry)->Accept(summary).ok());
+  };
+  for (int step = 1; step <= 3; ++step) send(step);
+
+  absl::Mutex mu;
+  std::string events;
+  const int port = (*http)->port();
+  std::thread reader([&] {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(20);
+    client.Get("/api/watch?job=job-a", {{"Last-Event-ID", "1"}},
+               [&](const char* data, size_t size) {
+                 absl::MutexLock lock(&mu);
+                 events.append(data, size);
+                 return true;
+               });
+  });
+  auto wait_for = [&](const std::string& text) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      {
+        absl::MutexLock lock(&mu);
+        if (absl::StrContains(events, text)) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  EXPECT_TRUE(wait_for("id: 3\n"));  // no ASSERT while a reader thread runs
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_FALSE(absl::StrContains(events, "id: 1\n")) << events;
+    EXPECT_TRUE(absl::StrContains(events, "id: 2\nevent: summary\ndata: {")) << events;
+  }
+
+  // One stream is the limit here: a second is refused, and the JSON paths still answer.
+  httplib::Client client("127.0.0.1", port);
+  httplib::Result refused = client.Get("/api/watch?job=job-a");
+  EXPECT_TRUE(refused && refused->status == 503 &&
+              absl::StrContains(refused->body, "event streams"));
+  httplib::Result series = client.Get("/api/series?job=job-a");
+  EXPECT_TRUE(series && absl::StrContains(series->body, "\"name\":\"loss\""));
+
+  send(4);  // live
+  EXPECT_TRUE(wait_for("id: 4\n"));
+  (*telemetry)->EndJob("job-a");
+  EXPECT_TRUE(wait_for("event: end\ndata: {\"status\":\"OK\""));
+  reader.join();
+
+  // The stream's slot is free again; a finished job replays its history and ends.
+  httplib::Result replay = client.Get("/api/watch?job=job-a&since_step=3");
+  ASSERT_TRUE(replay);
+  EXPECT_EQ(replay->status, 200);
+  EXPECT_TRUE(absl::StrContains(replay->body, "id: 3\n")) << replay->body;
+  EXPECT_TRUE(absl::StrContains(replay->body, "id: 4\n")) << replay->body;
+  EXPECT_FALSE(absl::StrContains(replay->body, "id: 2\n")) << replay->body;
+
+  // Stopping the server ends an open stream of a live job promptly.
+  job.set_job_id("job-b");
+  ASSERT_TRUE((*telemetry)->DeclareJob("job-b", job.spec()).ok());
+  {
+    absl::MutexLock lock(&mu);
+    events.clear();
+  }
+  std::thread idle([&] {
+    httplib::Client waiting("127.0.0.1", port);
+    waiting.set_read_timeout(30);
+    waiting.Get("/api/watch?job=job-b", [&](const char* data, size_t size) {
+      absl::MutexLock lock(&mu);
+      events.append(data, size);
+      return true;
+    });
+  });
+  EXPECT_TRUE(wait_for("retry: 2000\n"));
+  const absl::Time stop_start = absl::Now();
+  (*http)->Stop();
+  idle.join();
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(3));
 }
 
 }  // namespace

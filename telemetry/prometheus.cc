@@ -49,6 +49,11 @@ std::string FormatValue(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
   if (value == std::floor(value) && std::fabs(value) < 1e15) return absl::StrFormat("%.0f", value);
+  // The shortest form that reads back as the same double.
+  for (int precision = 15; precision < 17; ++precision) {
+    std::string text = absl::StrFormat("%.*g", precision, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
   return absl::StrFormat("%.17g", value);
 }
 

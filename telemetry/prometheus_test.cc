@@ -16,6 +16,7 @@ TEST(PrometheusTextTest, RendersFamiliesWithEscapedLabelsAndSpecialValues) {
   ASSERT_TRUE(text.Add("meshrun_loss", {{"job", "nan"}}, std::nan("")).ok());
   ASSERT_TRUE(
       text.Add("meshrun_loss", {{"job", "inf"}}, std::numeric_limits<double>::infinity()).ok());
+  ASSERT_TRUE(text.Add("meshrun_loss", {{"job", "short"}}, 0.1).ok());
   ASSERT_TRUE(text.Add("meshrun_steps_total", {}, 42).ok());
   const std::string out = text.Render();
   EXPECT_EQ(out,
@@ -24,6 +25,7 @@ TEST(PrometheusTextTest, RendersFamiliesWithEscapedLabelsAndSpecialValues) {
             "meshrun_loss{job=\"a\\\"b\\\\c\\nd\"} 1.5\n"
             "meshrun_loss{job=\"nan\"} NaN\n"
             "meshrun_loss{job=\"inf\"} +Inf\n"
+            "meshrun_loss{job=\"short\"} 0.1\n"
             "# HELP meshrun_steps_total Steps run.\n"
             "# TYPE meshrun_steps_total counter\n"
             "meshrun_steps_total 42\n");
