@@ -111,9 +111,9 @@ class CoordinatorServer {
   };
 
   // Errors: INVALID_ARGUMENT (bad listen or http_listen address, or timeout),
-  // FAILED_PRECONDITION (state
-  // directory unusable, or its executable cache held by another coordinator), UNAVAILABLE
-  // (cannot listen); each names the flag; the plugin's error when --pjrt_plugin fails to load.
+  // FAILED_PRECONDITION (state directory unusable, or its executable cache held by another
+  // coordinator), UNAVAILABLE (cannot listen); each names the flag; the plugin's error when
+  // --pjrt_plugin fails to load.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(Config config);
   ~CoordinatorServer();
 

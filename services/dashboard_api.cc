@@ -97,11 +97,6 @@ absl::StatusOr<std::unique_ptr<DashboardApi>> DashboardApi::Create(Config config
   return std::unique_ptr<DashboardApi>(new DashboardApi(config));
 }
 
-bool DashboardApi::Handles(const std::string& path) {
-  return path == "/metrics" || path == "/api/jobs" || path == "/api/job" ||
-         path == "/api/workers" || path == "/api/memory" || path == "/api/series";
-}
-
 int DashboardApi::HttpCode(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kOk: return 200;

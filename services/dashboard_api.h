@@ -57,9 +57,6 @@ class DashboardApi {
   // Errors: INVALID_ARGUMENT (a required pointer is null).
   static absl::StatusOr<std::unique_ptr<DashboardApi>> Create(Config config);
 
-  // True for the paths Handle answers (everything above but /api/watch).
-  static bool Handles(const std::string& path);
-
   // Answers a GET of /metrics or /api/* (not /api/watch); unknown paths are 404. Never fails:
   // errors come back as a status code with {"error": "..."}.
   HttpResponse Handle(const HttpRequest& request);

@@ -230,8 +230,8 @@ async function selectJob(jobId) {
   openStream(jobId);
 }
 
-function openStream(jobId) {
-  const source = new EventSource(`api/watch?job=${encodeURIComponent(jobId)}`);
+function openStream(jobId, sinceStep = 0) {
+  const source = new EventSource(`api/watch?job=${encodeURIComponent(jobId)}&since_step=${sinceStep}`);
   stream = source;
   setConnection('live', 'ok');
   source.addEventListener('summary', (event) => {
@@ -249,7 +249,8 @@ function openStream(jobId) {
     const end = JSON.parse(event.data);
     source.close();
     if (end.status === 'RESOURCE_EXHAUSTED' && jobId === selectedJob) {
-      setTimeout(() => { if (jobId === selectedJob) openStream(jobId); }, 500);
+      // This page fell behind the live stream: resume exactly where it stopped.
+      setTimeout(() => { if (jobId === selectedJob) openStream(jobId, end.resume_step); }, 500);
       return;
     }
     setConnection('job ended', 'idle');
