@@ -303,7 +303,7 @@ function renderJobs() {
     el('td', { class: 'mono' }, job.job_id),
     el('td', {}, job.spec?.name || ''),
     el('td', {}, el('span', { class: `badge ${state}` }, state)),
-    el('td', { class: 'num' }, `${job.last_step} / ${job.spec?.steps}`),
+    el('td', { class: 'num' }, `${job.job_id === selectedJob ? Math.max(Number(job.last_step), latestStep) : job.last_step} / ${job.spec?.steps}`),
     el('td', { class: 'mono' }, mesh),
     el('td', { class: 'muted' }, new Date(Number(job.created_unix_micros) / 1000).toLocaleTimeString()));
   });
