@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
                                       "already serving ", s->config_.max_streams,
                                       " event streams; close one or retry later")));
     }
-    absl::StatusOr<std::shared_ptr<telemetry::Watcher>> watcher = s->config_.api->OpenWatch(*parsed);
+    absl::StatusOr<std::shared_ptr<telemetry::Watcher>> watcher =
+        s->config_.api->OpenWatch(*parsed);
     if (!watcher.ok()) {
       s->streams_.fetch_sub(1);
       return ReplyError(response, watcher.status());

@@ -180,7 +180,8 @@ absl::Status ParseSample(const std::string& line, std::string* name, std::string
   if (value != "NaN" && value != "+Inf" && value != "-Inf") {
     char* end = nullptr;
     std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || absl::ascii_isalpha(static_cast<unsigned char>(value[0]))) {
+    if (value.empty() || *end != '\0' ||
+        absl::ascii_isalpha(static_cast<unsigned char>(value[0]))) {
       return absl::InvalidArgumentError(absl::StrCat("bad value \"", value, "\""));
     }
   }
@@ -233,7 +234,9 @@ absl::Status CheckExposition(const std::string& text) {
     }
     if (line.empty() || line[0] == '#') return fail("blank line or stray comment");
     std::string name, key;
-    if (absl::Status s = ParseSample(line, &name, &key); !s.ok()) return fail(std::string(s.message()));
+    if (absl::Status s = ParseSample(line, &name, &key); !s.ok()) {
+      return fail(std::string(s.message()));
+    }
     if (name != current) return fail("sample outside its family's TYPE block");
     if (!series.insert(key).second) return fail("duplicate series");
   }
