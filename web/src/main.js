@@ -29,6 +29,10 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function emptyRow(columns, text) {
+  return el('tr', {}, el('td', { colspan: String(columns), class: 'muted' }, text));
+}
+
 async function getJson(path) {
   const response = await fetch(path, { cache: 'no-store' });
   const body = await response.json();
@@ -175,7 +179,8 @@ class Heatmap {
         if (cell >= 30) {
           g.fillStyle = t > 0.6 ? '#1e293b' : '#f8fafc';
           g.textAlign = 'center';
-          g.fillText(Number.isFinite(v) ? v.toFixed(2) : '–', left + (c + 0.5) * cell, top + (r + 0.5) * cell);
+          const label = Number.isFinite(v) ? v.toFixed(2) : '–';
+          g.fillText(label, left + (c + 0.5) * cell, top + (r + 0.5) * cell);
         }
       }
     }
@@ -224,14 +229,16 @@ async function selectJob(jobId) {
   for (const series of declared) {
     const shape = (series.shape || []).map(Number);
     const size = shape.reduce((a, b) => a * b, 1);
-    charts.set(series.name, size > 1 ? new Heatmap(series.name, shape) : new LineChart(series.name, [series.name]));
+    const chart = size > 1 ? new Heatmap(series.name, shape) : new LineChart(series.name, [series.name]);
+    charts.set(series.name, chart);
   }
   charts.set('step_time', new LineChart('step time', ['step time'], 's'));
   openStream(jobId);
 }
 
 function openStream(jobId, sinceStep = 0) {
-  const source = new EventSource(`api/watch?job=${encodeURIComponent(jobId)}&since_step=${sinceStep}`);
+  const query = `job=${encodeURIComponent(jobId)}&since_step=${sinceStep}`;
+  const source = new EventSource(`api/watch?${query}`);
   stream = source;
   setConnection('live', 'ok');
   source.addEventListener('summary', (event) => {
@@ -278,7 +285,8 @@ function setConnection(text, kind) {
 
 function renderJobHeader() {
   const job = jobsById.get(selectedJob);
-  $('#job-title').textContent = job ? `${job.job_id} · ${job.spec?.name || ''}` : (selectedJob || 'No job selected');
+  $('#job-title').textContent =
+    job ? `${job.job_id} · ${job.spec?.name || ''}` : (selectedJob || 'No job selected');
   const state = job ? short(job.state, 'JOB_STATE_') : '';
   $('#job-state').textContent = state;
   $('#job-state').className = `badge ${state}`;
@@ -294,7 +302,11 @@ function renderJobs() {
   const body = $('#jobs tbody');
   const rows = [...jobsById.values()].reverse().map((job) => {
     const state = short(job.state, 'JOB_STATE_');
-    const mesh = (job.mesh?.axis_names || []).map((axis, i) => `${axis}=${job.mesh.shape[i]}`).join(' ');
+    const mesh = (job.mesh?.axis_names || [])
+      .map((axis, i) => `${axis}=${job.mesh.shape[i]}`).join(' ');
+    const step = job.job_id === selectedJob
+      ? Math.max(Number(job.last_step), latestStep) : job.last_step;
+    const created = new Date(Number(job.created_unix_micros) / 1000).toLocaleTimeString();
     return el('tr', {
       class: job.job_id === selectedJob ? 'selected' : '',
       'data-job': job.job_id,
@@ -303,11 +315,11 @@ function renderJobs() {
     el('td', { class: 'mono' }, job.job_id),
     el('td', {}, job.spec?.name || ''),
     el('td', {}, el('span', { class: `badge ${state}` }, state)),
-    el('td', { class: 'num' }, `${job.job_id === selectedJob ? Math.max(Number(job.last_step), latestStep) : job.last_step} / ${job.spec?.steps}`),
+    el('td', { class: 'num' }, `${step} / ${job.spec?.steps}`),
     el('td', { class: 'mono' }, mesh),
-    el('td', { class: 'muted' }, new Date(Number(job.created_unix_micros) / 1000).toLocaleTimeString()));
+    el('td', { class: 'muted' }, created));
   });
-  body.replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: '6', class: 'muted' }, 'no jobs yet'))]));
+  body.replaceChildren(...(rows.length ? rows : [emptyRow(6, 'no jobs yet')]));
 }
 
 async function refreshJobs() {
@@ -344,19 +356,19 @@ async function refreshMemory(host) {
 async function refreshWorkers() {
   try {
     const { workers = [] } = await getJson('api/workers');
-    await Promise.all(workers.filter((w) => w.state === 'WORKER_STATE_ALIVE' && !memory.has(w.registration.host))
-      .map((w) => refreshMemory(w.registration.host)));
+    const ask = workers.filter((w) => w.state === 'WORKER_STATE_ALIVE' && !memory.has(w.registration.host));
+    await Promise.all(ask.map((w) => refreshMemory(w.registration.host)));
     const rows = workers.map((worker) => {
       const state = short(worker.state, 'WORKER_STATE_');
       const host = worker.registration.host;
       return el('tr', { 'data-host': host },
         el('td', { class: 'mono' }, host),
-        el('td', {}, el('span', { class: `badge ${state}`, title: worker.state_reason || '' }, state)),
+        el('td', {}, el('span', { class: `badge ${state}`, title: worker.state_reason }, state)),
         el('td', { class: 'muted' }, ago(worker.last_heartbeat_unix_micros)),
         el('td', { class: 'num' }, String((worker.registration.devices || []).length)),
         el('td', { class: 'muted' }, memory.get(host) || ''));
     });
-    $('#workers tbody').replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: '5', class: 'muted' }, 'no workers registered'))]));
+    $('#workers tbody').replaceChildren(...(rows.length ? rows : [emptyRow(5, 'no workers registered')]));
   } catch (error) {
     setConnection('coordinator unreachable', 'warn');
   }
