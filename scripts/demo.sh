@@ -4,7 +4,8 @@
 # devices) on real text (token shards of the fortunes corpus that setup wrote to .data/fortunes,
 # docs/data.md), prints its telemetry live (loss, grad norm, sink mass, step time), ends with the
 # job manifest and its data receipt, checks the loss fell at least 30% from its first value,
-# then drains the cluster with SIGTERM. MESHRUN_DEMO_STEPS sets the step count (default 800:
+# then drains the cluster with SIGTERM. The coordinator also serves the web dashboard and
+# Prometheus /metrics on the printed URL (MESHRUN_DEMO_HTTP, default 127.0.0.1:0 = a free port). MESHRUN_DEMO_STEPS sets the step count (default 800:
 # about 3 minutes on 2 cores; the loss falls about 39%);
 # MESHRUN_DEMO_KEEP=1 keeps the cluster running until Ctrl-C.
 set -euo pipefail
@@ -22,12 +23,14 @@ stop_all() {
 trap stop_all EXIT INT TERM
 
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$run/coordinator" \
-  >"$run/coordinator.log" 2>&1 &
+  --http_listen="${MESHRUN_DEMO_HTTP:-127.0.0.1:0}" >"$run/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on port" "$run/coordinator.log" && break; sleep 0.1; done
 port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$run/coordinator.log" | head -1)
 [ -n "$port" ] || { cat "$run/coordinator.log"; exit 1; }
+http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$run/coordinator.log" | head -1)
 echo "demo: coordinator on 127.0.0.1:$port (logs in $run)"
+echo "demo: dashboard at http://127.0.0.1:$http/  (Prometheus text at http://127.0.0.1:$http/metrics)"
 for w in 0 1; do
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
     --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" --cpu_devices=8 \
@@ -54,7 +57,7 @@ awk 'NR > 1 && $1 ~ /^[0-9]+$/ { if (!first) first = $2; last[n++ % 5] = $2 }
            if (drop < 30) { print "demo: the loss fell less than 30%"; exit 1 } }' \
   "$run/telemetry.txt"
 if [ "${MESHRUN_DEMO_KEEP:-0}" = "1" ]; then
-  echo "demo: running; try: $bin/meshrun --coordinator=127.0.0.1:$port workers   (Ctrl-C stops)"
+  echo "demo: running; dashboard at http://127.0.0.1:$http/; try: $bin/meshrun --coordinator=127.0.0.1:$port workers   (Ctrl-C stops)"
   wait "${pids[0]}"
 fi
 echo "demo: draining the cluster"

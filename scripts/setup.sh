@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything meshrun needs on Debian 12, idempotently and without questions:
 # Debian packages (compilers, gRPC, protobuf, abseil, spdlog, GoogleTest, ...), then the PJRT
-# header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh), then the
-# main job's token shards from the fortunes package's text (.data/fortunes, docs/data.md).
+# header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh), the
+# main job's token shards from the fortunes package's text (.data/fortunes, docs/data.md), and
+# the web dashboard's pinned npm packages (npm ci in web/, from web/package-lock.json).
 # A second run installs nothing, downloads nothing and rewrites no shard.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,10 +12,12 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache clang
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libc-ares-dev libssl-dev libgtest-dev googletest libsqlite3-dev
-  libgloo-dev
+  libgloo-dev libcpp-httplib-dev
   python3 python3-venv python3-pip
-  fortunes
+  fortunes chromium curl
 )
+# Node.js: Debian's, unless a node with npm is already installed.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,4 +34,16 @@ fi
 
 PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
 "$root/.venv/bin/python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
+
+# The dashboard's npm packages (uPlot, esbuild, playwright-core), reinstalled only when
+# package-lock.json changed. The build bundles them (web/CMakeLists.txt).
+stamp="$root/web/node_modules/.meshrun-lock.sha256"
+lock_sum="$(sha256sum "$root/web/package-lock.json" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
+  echo "setup: npm ci in web/"
+  (cd "$root/web" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" >"$stamp"
+else
+  echo "setup: web/node_modules present"
+fi
 echo "setup: done"

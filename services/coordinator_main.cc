@@ -1,6 +1,8 @@
 // meshrun-coordinator: the control plane's server. Runs until SIGTERM or SIGINT, then drains.
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
 #include "services/binary_setup.h"
@@ -16,6 +18,12 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
           "a worker silent for this long is DEAD; workers heartbeat every half of it");
 ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
           "PJRT plugin the coordinator compiles with (the workers' plugin); empty: no compiling");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT for HTTP: the web dashboard at /, Prometheus text at /metrics (e.g. "
+          "127.0.0.1:7080; port 0 picks a free port, logged); empty: no HTTP");
+ABSL_FLAG(std::string, web_root, "",
+          "folder of the dashboard's built assets; default: web/ next to the binary's folder "
+          "(build/web in a checkout)");
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: devices of the compiling client");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
@@ -32,12 +40,20 @@ int main(int argc, char** argv) {
   }
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) state_dir = meshrun::services::DefaultStateDir("coordinator");
+  std::string web_root = absl::GetFlag(FLAGS_web_root);
+  if (web_root.empty()) {
+    std::error_code error;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+    if (!error) web_root = (exe.parent_path().parent_path() / "web").string();
+  }
   auto server = meshrun::services::CoordinatorServer::Start(
       {.listen = absl::GetFlag(FLAGS_listen),
        .state_dir = state_dir,
        .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout),
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
-       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices)});
+       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
+       .http_listen = absl::GetFlag(FLAGS_http_listen),
+       .web_root = web_root});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

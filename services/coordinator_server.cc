@@ -575,6 +575,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   server->server_ = std::move(started.server);
   server->port_ = started.port;
   server->sweeper_ = std::thread([s = server.get()] { s->SweepLiveness(); });
+  if (!config.http_listen.empty()) {
+    ASSIGN_OR_RETURN(server->dashboard_,
+                     DashboardApi::Create({.handler = server->handler_.get(),
+                                           .history = &server->telemetry_->history()}));
+    ASSIGN_OR_RETURN(server->http_, HttpServer::Start({.listen = config.http_listen,
+                                                       .web_root = config.web_root,
+                                                       .api = server->dashboard_.get()}));
+    spdlog::info("coordinator HTTP on port {}: dashboard at /, Prometheus at /metrics",
+                 server->http_->port());
+  }
   spdlog::info("coordinator listening on port {} (state {}, heartbeat timeout {})", server->port_,
                config.state_dir, absl::FormatDuration(config.heartbeat_timeout));
   return server;
@@ -594,6 +604,7 @@ void CoordinatorServer::SweepLiveness() {
 void CoordinatorServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
   handler_->SetDraining();
+  if (http_) http_->Stop();  // its streams end; it calls into the handler no more
   kv_->CancelWaiters();  // long waits end now, cleanly, rather than at the deadline
   DrainServer(*server_, deadline);
   stop_sweeper_.Notify();

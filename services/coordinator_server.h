@@ -24,6 +24,8 @@
 #include "coordinator/key_value_store.h"
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "services/dashboard_api.h"
+#include "services/http_server.h"
 #include "services/job_launcher.h"
 #include "worker/runtime/runtime.h"
 
@@ -102,18 +104,24 @@ class CoordinatorServer {
     int64_t cpu_devices = 8;  // CPU plugin only: devices of the compiling client
     uint64_t cache_max_bytes = uint64_t{16} << 30;
     absl::Duration telemetry_grace = absl::Seconds(5);  // wait for hosts before "partial"
+    // HTTP (Prometheus /metrics, the web dashboard and its JSON/SSE API); empty: no HTTP port.
+    std::string http_listen;
+    std::string web_root;  // the dashboard's built assets (index.html); empty: API only
     Clock* clock = &RealClock();
   };
 
-  // Errors: INVALID_ARGUMENT (bad listen address or timeout), FAILED_PRECONDITION (state
-  // directory unusable, or its executable cache held by another coordinator), UNAVAILABLE
-  // (cannot listen); each names the flag; the plugin's error when --pjrt_plugin fails to load.
+  // Errors: INVALID_ARGUMENT (bad listen or http_listen address, or timeout),
+  // FAILED_PRECONDITION (state directory unusable, or its executable cache held by another
+  // coordinator), UNAVAILABLE (cannot listen); each names the flag; the plugin's error when
+  // --pjrt_plugin fails to load.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(Config config);
   ~CoordinatorServer();
 
   int port() const { return port_; }
   // The telemetry path (tests and benchmarks drive it without workers).
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
+  // The bound HTTP port; 0 when http_listen is empty.
+  int http_port() const { return http_ ? http_->port() : 0; }
 
   // Refuses new registrations, gives in-flight calls until `deadline`, then stops.
   void Drain(absl::Duration deadline);
@@ -136,6 +144,8 @@ class CoordinatorServer {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::unique_ptr<DashboardApi> dashboard_;
+  std::unique_ptr<HttpServer> http_;
   absl::Notification stop_sweeper_;
   std::thread sweeper_;
   std::atomic<bool> drained_{false};

@@ -64,6 +64,7 @@ class CoordinatorTelemetry {
   absl::StatusOr<int64_t> Accept(const v1::HostSummary& summary);
 
   telemetry::WatchHub& hub() { return *hub_; }
+  telemetry::HistoryStore& history() { return *history_; }
 
  private:
   CoordinatorTelemetry() = default;
