@@ -346,6 +346,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.data().has_token_shards_glob() && spec.data().token_shards_glob().empty()) {
     return Invalid("data.token_shards_glob", "is empty");
   }
+  // The plan tables first: the token data check skips the inputs they name.
+  if (spec.has_sparse_attention()) {
+    if (moe) return Invalid("sparse_attention", "is supported for mode A (step) jobs only");
+    if (absl::Status s = CheckSparseAttention(spec.sparse_attention(), *FindStep(spec)); !s.ok()) {
+      return s;
+    }
+  }
   if (spec.data().has_token_shards_glob() || spec.data().has_synthetic()) {
     if (spec.data().has_synthetic() && !spec.data().synthetic()) {
       return Invalid("data.synthetic", "is false; set it true to ask for random tokens by name");
@@ -353,12 +360,6 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     int index = 0;
     if (const v1::Program* program = BatchProgram(spec, &index); program != nullptr) {
       RETURN_IF_ERROR(CheckTokenBatchInputs(spec, *program, index));
-    }
-  }
-  if (spec.has_sparse_attention()) {
-    if (moe) return Invalid("sparse_attention", "is supported for mode A (step) jobs only");
-    if (absl::Status s = CheckSparseAttention(spec.sparse_attention(), *FindStep(spec)); !s.ok()) {
-      return s;
     }
   }
   const v1::MeshRequest& mesh = spec.mesh();

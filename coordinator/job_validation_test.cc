@@ -163,8 +163,7 @@ v1::JobSpec SparseSpec() {
     t->set_dtype(dtype);
     for (int64_t d : shape) t->add_shape(d);
   };
-  input("batch.doc_ids", "s32", {8, 64});
-  input("batch.tokens", "s32", {8, 65});
+  input("batch.doc_ids", "s32", {8, 64});  // after GoodSpec's batch.tokens s32 [8, 65]
   input("plan.block_mask", "u8", {8, 4, 4});
   input("plan.data_next", "u8", {8, 4, 3});
   input("plan.partial_masks", "u8", {8, 12, 16, 16});
@@ -239,6 +238,7 @@ v1::JobSpec MoeSpec() {
   add("apply", {"s", "acc"}, {"s", "acc", "loss"});
   spec.set_state_count(1);
   spec.set_grad_accumulation(2);
+  spec.mutable_data()->set_example_bundle("examples/transformer_moe/dp8/job.json");
   return spec;
 }
 

@@ -4,14 +4,7 @@
 # Usage: cluster_cli_test.sh <directory holding meshrun, meshrun-coordinator, meshrun-worker>
 set -euo pipefail
 bin=$1
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; cat "$f"; done; exit 1; }
-
-# Waits (bounded) for a pattern in a file.
-wait_for() { for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "$0")/cluster_lib.sh"
 
 # Exits within `seconds` with status 0?
 exits_cleanly() {
@@ -44,8 +37,7 @@ grep -q "state_dir" "$tmp/bad.txt" || fail "state dir error does not name the fl
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
   --heartbeat_timeout=2s --drain_timeout=3s >"$tmp/coordinator.log" 2>&1 &
 coordinator=$!; pids+=("$coordinator")
-wait_for "$tmp/coordinator.log" "listening on port" || fail "coordinator did not start"
-port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
+await_coordinator "$tmp/coordinator.log"
 for w in 1 2; do
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --state_dir="$tmp/worker-$w" >"$tmp/worker-$w.log" 2>&1 &

@@ -9,20 +9,12 @@ set -euo pipefail
 bin=$1
 src=$2
 bundle="$src/examples/mlp_classifier/dp8/job.json"
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
-wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
-field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
+source "$(dirname "$0")/cluster_lib.sh"
 
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --pjrt_plugin= \
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
-wait_for "$tmp/coordinator.log" "listening on port" || fail "coordinator did not start"
-port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
-cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
+await_coordinator "$tmp/coordinator.log"
 
 "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=tpu-host-0 \
   --state_dir="$tmp/worker" >"$tmp/worker.log" 2>&1 &

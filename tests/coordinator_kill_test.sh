@@ -13,12 +13,7 @@ set -euo pipefail
 bin=$1
 src=$2
 bundle="$src/examples/mlp_classifier/dp8/job.json"
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
-wait_for() { for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "$0")/cluster_lib.sh"
 [ -f "$bundle" ] || fail "bundle $bundle missing"
 
 steps=${COORDINATOR_KILL_STEPS:-6000}
@@ -27,10 +22,8 @@ start_coordinator() {
   "$bin/meshrun-coordinator" --listen="127.0.0.1:$1" --state_dir="$tmp/coordinator" \
     >"$tmp/coordinator-$2.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
-  wait_for "$tmp/coordinator-$2.log" "listening on port" || fail "coordinator did not start"
-  port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator-$2.log" | head -1)
+  await_coordinator "$tmp/coordinator-$2.log"
 }
-cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
 # Step numbers of a watch's table rows.
 rows() { awk '$1 ~ /^[0-9]+$/ {print $1}' "$1"; }
 

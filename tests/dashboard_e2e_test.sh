@@ -11,20 +11,14 @@ set -euo pipefail
 bin=$1
 src=$2
 build=$3
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
-wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "$0")/cluster_lib.sh"
 [ -f "$build/web/index.html" ] || fail "no dashboard assets in $build/web (run scripts/setup.sh, then build)"
 [ -d "$src/web/node_modules/playwright-core" ] || fail "playwright-core missing (run scripts/setup.sh)"
 
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
   --state_dir="$tmp/coordinator" >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
-wait_for "$tmp/coordinator.log" "listening on port" || fail "coordinator did not start"
-port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
+await_coordinator "$tmp/coordinator.log"
 http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
 [ -n "$http" ] || fail "no HTTP port logged"
 base="http://127.0.0.1:$http"

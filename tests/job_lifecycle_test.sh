@@ -12,12 +12,7 @@ set -euo pipefail
 bin=$1
 src=$2
 bundle="$src/examples/mlp_classifier/dp8/job.json"
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
-wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "$0")/cluster_lib.sh"
 [ -f "$bundle" ] || fail "bundle $bundle missing"
 
 timeout_s=2   # heartbeat timeout T
@@ -25,11 +20,8 @@ start_coordinator() {
   "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
     --heartbeat_timeout=${timeout_s}s >"$tmp/coordinator-$1.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
-  wait_for "$tmp/coordinator-$1.log" "listening on port" || fail "coordinator did not start"
-  port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator-$1.log" | head -1)
+  await_coordinator "$tmp/coordinator-$1.log"
 }
-cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
-field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
 # The job's state, e.g. JOB_STATE_RUNNING (sed reads everything: no SIGPIPE under pipefail).
 state_of() { cli get "$1" | sed -n 's/^state: //p'; }
 # Waits (bounded by $2 tenths of a second) until job $1 is in state $3.

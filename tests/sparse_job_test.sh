@@ -14,22 +14,14 @@ bin=$1
 src=$2
 bundle="$src/examples/transformer_lm/sparse_dp1/job.json"
 steps=200
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
-wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "$0")/cluster_lib.sh"
 [ -f "$bundle" ] || fail "bundle $bundle missing"
 
 # One CPU device each: the example is dp1 and a mesh spans every device of its hosts.
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --cpu_devices=1 \
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
-wait_for "$tmp/coordinator.log" "listening on port" || fail "coordinator did not start"
-port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
-cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
-field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
+await_coordinator "$tmp/coordinator.log"
 "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --worker_index=0 --cpu_devices=1 --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)

@@ -1,0 +1,18 @@
+# Shared by the multi-process shell tests; source it after setting `bin` (the binaries' folder).
+# Gives a temp dir whose processes (listed in `pids`) are killed on exit, `fail` with the tail of
+# every log, bounded waits, and the CLI against the coordinator on `port`.
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
+# Waits up to 30 s for pattern $2 in file $1.
+wait_for() { for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+# Sets `port` to what the coordinator logging to $1 listens on, once it does.
+await_coordinator() {
+  wait_for "$1" "listening on port" || fail "coordinator did not start"
+  port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$1" | head -1)
+}
+cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
+# A manifest field's value from `meshrun get` output on stdin.
+field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
