@@ -17,6 +17,7 @@
 #include "coordinator/job_validation.h"
 #include "services/job_bundle.h"
 #include "worker/runtime/backends.h"
+#include "worker/batch_sources.h"
 #include "worker/runtime/example_job.h"
 #include "worker/runtime/pjrt/pjrt_runtime.h"
 #include "worker/sparse/plan_batches.h"
@@ -25,18 +26,6 @@ namespace {
 
 using namespace meshrun;
 using bench::Fail;
-
-class Cycle final : public worker::BatchSource {
- public:
-  explicit Cycle(const std::vector<std::vector<runtime::HostArray>>& batches) : batches_(batches) {}
-  absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
-    return batches_[next_++ % batches_.size()];
-  }
-
- private:
-  const std::vector<std::vector<runtime::HostArray>>& batches_;
-  size_t next_ = 0;
-};
 
 }  // namespace
 
@@ -67,7 +56,7 @@ int main(int argc, char** argv) {
     tables.push_back(*worker::sparse::ParsePlanTable(name.substr(name.find('.') + 1)));
   }
   auto source = worker::sparse::PlanBatches::Create(
-      {.inner = std::make_unique<Cycle>(job->batches), .builder = builder, .doc_ids_index = 0,
+      {.inner = worker::MakeCycledBatches(job->batches), .builder = builder, .doc_ids_index = 0,
        .tables = tables});
   if (!source.ok()) return Fail("plan source", source.status());
   std::vector<double> plan_times;

@@ -391,20 +391,6 @@ WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
 
 namespace {
 
-// The batches of an examples/ bundle (the exporter's data), cycled.
-class ExampleBundleBatches final : public worker::BatchSource {
- public:
-  explicit ExampleBundleBatches(std::vector<std::vector<runtime::HostArray>> batches)
-      : batches_(std::move(batches)) {}
-  absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
-    return batches_[next_++ % batches_.size()];
-  }
-
- private:
-  std::vector<std::vector<runtime::HostArray>> batches_;
-  size_t next_ = 0;
-};
-
 absl::StatusOr<std::shared_ptr<const runtime::Executable>> LoadProgram(
     runtime::Runtime& runtime, worker::ExecutableStore& store, worker::Metrics& metrics,
     const v1::JobManifest& manifest, const std::string& role) {
@@ -448,7 +434,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
       return absl::InvalidArgumentError(
           absl::StrCat("data.example_bundle ", data.example_bundle(), " has no batches"));
     }
-    return std::make_unique<ExampleBundleBatches>(std::move(bundle.batches));
+    return worker::MakeCycledBatches(std::move(bundle.batches));
   }
   const v1::MeshAssignment& mesh = manifest.mesh();
   std::vector<int64_t> partitions;

@@ -60,6 +60,19 @@ absl::Status CheckSpec(TokenBatchSpec& spec) {
 }
 
 // Fills the held rows of each step's arrays; how a row is made is the subclass's.
+class CycledBatches final : public BatchSource {
+ public:
+  explicit CycledBatches(std::vector<std::vector<runtime::HostArray>> batches)
+      : batches_(std::move(batches)) {}
+  absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
+    return batches_[next_++ % batches_.size()];
+  }
+
+ private:
+  std::vector<std::vector<runtime::HostArray>> batches_;
+  size_t next_ = 0;
+};
+
 class RowBatches : public BatchSource {
  public:
   explicit RowBatches(TokenBatchSpec spec) : spec_(std::move(spec)) {}
@@ -178,6 +191,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeTokenShardBatches(
         spec.length, " tokens"));
   }
   return std::make_unique<TokenShardBatches>(std::move(corpus), std::move(spec), windows);
+}
+
+std::unique_ptr<BatchSource> MakeCycledBatches(std::vector<std::vector<runtime::HostArray>> batches) {
+  return std::make_unique<CycledBatches>(std::move(batches));
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeSyntheticBatches(TokenBatchSpec spec) {

@@ -1,4 +1,5 @@
-// The step loop's data feed: BatchSources over a TokenCorpus (token_shards.h), or, only when a
+// The step loop's data feed: BatchSources over a TokenCorpus (token_shards.h), over fixed batches
+// cycled (an examples/ bundle), or, only when a
 // job asks for it by name, over seeded random tokens.
 //
 // Batches. A step program declares `batch.tokens` s32 [B, L] and optionally `batch.doc_ids`
@@ -56,6 +57,10 @@ struct TokenBatchSpec {
 // Errors: INVALID_ARGUMENT (a spec field, named; the corpus has no window of L tokens).
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeTokenShardBatches(
     std::shared_ptr<const TokenCorpus> corpus, TokenBatchSpec spec);
+
+// `batches` (global arrays, in the step's batch-input order) in turn, from the first again after
+// the last: an examples/ bundle's data. `batches` must not be empty.
+std::unique_ptr<BatchSource> MakeCycledBatches(std::vector<std::vector<runtime::HostArray>> batches);
 
 // Seeded uniform random tokens in [0, kSyntheticVocab); doc_ids are all 0 (one document per row).
 // Errors: INVALID_ARGUMENT (a spec field, named).

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/batch_sources.h"
 
 namespace meshrun::worker::sparse {
 
@@ -62,21 +63,6 @@ absl::StatusOr<std::vector<runtime::HostArray>> PlanBatches::Next() {
   return batch;
 }
 
-namespace {
-
-class BatchList final : public BatchSource {
- public:
-  explicit BatchList(std::vector<std::vector<runtime::HostArray>> batches)
-      : batches_(std::move(batches)) {}
-  absl::StatusOr<std::vector<runtime::HostArray>> Next() override { return batches_[next_++]; }
-
- private:
-  std::vector<std::vector<runtime::HostArray>> batches_;
-  size_t next_ = 0;
-};
-
-}  // namespace
-
 absl::Status AppendPlanTables(std::shared_ptr<const PlanBuilder> builder, int doc_ids_index,
                               runtime::ExampleJob& job) {
   PlanBatches::Config config{.builder = std::move(builder), .doc_ids_index = doc_ids_index};
@@ -88,7 +74,7 @@ absl::Status AppendPlanTables(std::shared_ptr<const PlanBuilder> builder, int do
     job.data_arrays.push_back(job.step.inputs[i]);
   }
   const size_t count = job.batches.size();
-  config.inner = std::make_unique<BatchList>(std::move(job.batches));
+  config.inner = MakeCycledBatches(std::move(job.batches));
   ASSIGN_OR_RETURN(std::unique_ptr<PlanBatches> source, PlanBatches::Create(std::move(config)));
   job.batches.clear();
   for (size_t s = 0; s < count; ++s) {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "worker/batch_sources.h"
 #include "worker/runtime/example_job.h"
 
 namespace meshrun::worker::sparse {
@@ -31,19 +32,6 @@ google::protobuf::Struct ReadJson(const std::string& path) {
 double Num(const google::protobuf::Struct& s, const std::string& key) {
   return s.fields().at(key).number_value();
 }
-
-class Cycle final : public BatchSource {
- public:
-  explicit Cycle(std::vector<std::vector<runtime::HostArray>> batches)
-      : batches_(std::move(batches)) {}
-  absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
-    return batches_[next_++ % batches_.size()];
-  }
-
- private:
-  std::vector<std::vector<runtime::HostArray>> batches_;
-  size_t next_ = 0;
-};
 
 struct Example {
   runtime::ExampleJob job;
@@ -79,7 +67,7 @@ std::unique_ptr<PlanBatches> MakeSource(const Example& e,
                                         std::vector<std::vector<runtime::HostArray>> batches) {
   auto builder = PlanBuilder::Create(e.contract);
   EXPECT_TRUE(builder.ok()) << builder.status();
-  return PlanBatches::Create({.inner = std::make_unique<Cycle>(std::move(batches)),
+  return PlanBatches::Create({.inner = MakeCycledBatches(std::move(batches)),
                               .builder = std::move(*builder),
                               .doc_ids_index = e.doc_ids_index,
                               .tables = e.tables})
