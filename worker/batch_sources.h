@@ -1,6 +1,6 @@
 // The step loop's data feed: BatchSources over a TokenCorpus (token_shards.h), over fixed batches
-// cycled (an examples/ bundle), or, only when a
-// job asks for it by name, over seeded random tokens.
+// cycled (an examples/ bundle), or, only when a job asks for it by name, over seeded random
+// tokens.
 //
 // Batches. A step program declares `batch.tokens` s32 [B, L] and optionally `batch.doc_ids`
 // s32 [B, L'] (L' <= L). Row r of step s is a window of L tokens of the corpus, taken as one

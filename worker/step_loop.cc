@@ -707,21 +707,8 @@ absl::Status StepLoop::RunSteps() {
     absl::StatusOr<DeviceBuffers> outputs =
         config_.runtime->Execute(step, args, {.donate_inputs = donate_});
     if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, ": "));
-    const absl::Time done = config_.clock->Now();
-    metrics_->AddTime(kExecuteTime, done - launched);
-    metrics_->AddTime(kStepTime, done - start);
-    metrics_->Increment(kSteps);
     batch->clear();
-    if (cadence_.IsLoggingStep(s)) {
-      // Reads the telemetry before the state moves on; nothing is donated in between.
-      if (absl::Status status = EmitTelemetry(s, done - start, *outputs); !status.ok()) {
-        {
-          absl::MutexLock l(&mu_);
-          last_completed_ = s;
-        }
-        return PrefixStatus(status, absl::StrCat("step ", s, ": telemetry: "));
-      }
-    }
+    RETURN_IF_ERROR(StepDone(s, start, launched, *outputs));
     for (size_t d = 0; d < devices_.size(); ++d) {
       for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
     }
@@ -803,19 +790,7 @@ absl::Status StepLoop::RunModeBSteps() {
     absl::StatusOr<DeviceBuffers> outputs =
         config_.runtime->Execute(*config_.apply, args, {.donate_inputs = donate_});
     if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, " (apply): "));
-    const absl::Time done = config_.clock->Now();
-    metrics_->AddTime(kExecuteTime, done - launched);
-    metrics_->AddTime(kStepTime, done - start);
-    metrics_->Increment(kSteps);
-    if (cadence_.IsLoggingStep(s)) {
-      if (absl::Status status = EmitTelemetry(s, done - start, *outputs); !status.ok()) {
-        {
-          absl::MutexLock l(&mu_);
-          last_completed_ = s;
-        }
-        return PrefixStatus(status, absl::StrCat("step ", s, ": telemetry: "));
-      }
-    }
+    RETURN_IF_ERROR(StepDone(s, start, launched, *outputs));
     for (size_t d = 0; d < devices_.size(); ++d) {
       for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
       for (int i = 0; i < spec.num_grad_acc; ++i) {
@@ -826,6 +801,21 @@ absl::Status StepLoop::RunModeBSteps() {
     last_completed_ = s;
   }
   return absl::OkStatus();
+}
+
+absl::Status StepLoop::StepDone(int64_t s, absl::Time start, absl::Time launched,
+                                const DeviceBuffers& outputs) {
+  const absl::Time done = config_.clock->Now();
+  metrics_->AddTime(kExecuteTime, done - launched);
+  metrics_->AddTime(kStepTime, done - start);
+  metrics_->Increment(kSteps);
+  if (!cadence_.IsLoggingStep(s)) return absl::OkStatus();
+  // Reads the telemetry before the state moves on; nothing is donated in between.
+  absl::Status status = EmitTelemetry(s, done - start, outputs);
+  if (status.ok()) return status;
+  absl::MutexLock l(&mu_);
+  last_completed_ = s;  // the step itself completed
+  return PrefixStatus(status, absl::StrCat("step ", s, ": telemetry: "));
 }
 
 absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,

@@ -268,6 +268,10 @@ class StepLoop {
   // Mode B: uploads the zero accumulators once, after init.
   absl::Status ZeroAccumulators();
   absl::Status Initialize();
+  // After step `s`'s program ran (from `start`, launched at `launched`): records its metrics and,
+  // on a logging step, emits its telemetry. A telemetry error still counts the step completed.
+  absl::Status StepDone(int64_t s, absl::Time start, absl::Time launched,
+                        const DeviceBuffers& outputs);
   absl::Status EmitTelemetry(int64_t step, absl::Duration step_time,
                              const DeviceBuffers& outputs);
   // The prefetch thread: uploads the batch of each requested step.
