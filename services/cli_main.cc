@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
+#include "coordinator/job_table.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/binary_setup.h"
 #include "services/grpc_probe.h"
@@ -205,10 +206,7 @@ int Submit(const std::vector<std::string>& args) {
     get.set_job_id(response.job_id());
     auto get_context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
     CheckCall(stub->GetJob(get_context.get(), get, &job), "get");
-    const bool final = job.state() == v1::JOB_STATE_SUCCEEDED ||
-                       job.state() == v1::JOB_STATE_FAILED ||
-                       job.state() == v1::JOB_STATE_CANCELLED;
-    if (final || absl::Now() >= give_up) break;
+    if (coordinator::IsFinal(job.state()) || absl::Now() >= give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::printf("%s", ManifestText(job).c_str());
