@@ -49,24 +49,6 @@
 namespace meshrun::bench {
 namespace {
 
-// One step of a job: loss, grad_norm and a 6x4 sink mass, as the transformer example reports.
-template <typename Summary>
-void FillValues(Summary& s, int64_t step) {
-  s.set_step(step);
-  s.set_step_time_seconds(0.01);
-  s.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
-  for (const char* name : {"loss", "grad_norm"}) {
-    v1::TelemetryValue* v = s.add_values();
-    v->set_name(name);
-    v->add_values(1.0f / step);
-  }
-  v1::TelemetryValue* sink = s.add_values();
-  sink->set_name("sink_mass");
-  sink->add_shape(6);
-  sink->add_shape(4);
-  for (int i = 0; i < 24; ++i) sink->add_values(0.01f * i);
-}
-
 // The baseline: WatchTelemetry streams fed directly from memory.
 class BareFanout final : public v1::Coordinator::CallbackService {
  public:
@@ -228,7 +210,7 @@ absl::StatusOr<Figures> RunGrpc(const Options& options) {
         [&](int64_t step) {
           auto summary = std::make_shared<v1::GlobalSummary>();
           summary->set_job_id("bare");
-          FillValues(*summary, step);
+          test_support::FillValues(*summary, step);
           service.Publish(summary);
         },
         [&] { service.EndAll(); });
@@ -272,7 +254,7 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
           summary.set_job_id(job);
           summary.set_host(host);
           summary.set_replica_count(1);
-          FillValues(summary, step);
+          test_support::FillValues(summary, step);
           uploader.Enqueue(std::move(summary));
         },
         [&] { telemetry.EndJob(job); });

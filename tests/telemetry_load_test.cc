@@ -60,20 +60,8 @@ v1::HostSummary Summary(const std::string& job, const std::string& host, int64_t
   v1::HostSummary s;
   s.set_job_id(job);
   s.set_host(host);
-  s.set_step(step);
   s.set_replica_count(1);
-  s.set_step_time_seconds(0.01);
-  s.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
-  for (const char* name : {"loss", "grad_norm"}) {
-    v1::TelemetryValue* v = s.add_values();
-    v->set_name(name);
-    v->add_values(1.0f / step);
-  }
-  v1::TelemetryValue* sink = s.add_values();
-  sink->set_name("sink_mass");
-  sink->add_shape(6);
-  sink->add_shape(4);
-  for (int i = 0; i < 24; ++i) sink->add_values(0.01f * i);
+  test_support::FillValues(s, step);
   return s;
 }
 

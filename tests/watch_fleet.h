@@ -1,6 +1,6 @@
 // Many WatchTelemetry readers of one job, on a few channels, with gRPC's callback API (no thread
 // per watcher): the telemetry load test and the fan-out benchmark read their servers with this
-// same client code.
+// same client code, and publish the same summaries (FillValues).
 //
 // Each reader checks that steps arrive consecutively (a gap, duplicate or reordering counts as
 // a break) and records the delivery latency of every summary: receive time minus the summary's
@@ -26,6 +26,24 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 
 namespace meshrun::test_support {
+
+// Fills a HostSummary or GlobalSummary with one step of a job: loss, grad_norm and a 6x4 sink mass, as the transformer example reports.
+template <typename Summary>
+void FillValues(Summary& s, int64_t step) {
+  s.set_step(step);
+  s.set_step_time_seconds(0.01);
+  s.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
+  for (const char* name : {"loss", "grad_norm"}) {
+    v1::TelemetryValue* v = s.add_values();
+    v->set_name(name);
+    v->add_values(1.0f / step);
+  }
+  v1::TelemetryValue* sink = s.add_values();
+  sink->set_name("sink_mass");
+  sink->add_shape(6);
+  sink->add_shape(4);
+  for (int i = 0; i < 24; ++i) sink->add_values(0.01f * i);
+}
 
 class WatchFleet {
  public:
