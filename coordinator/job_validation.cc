@@ -89,10 +89,13 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
                           "L' <= its L");
   }
   const v1::DataSource& data = spec.data();
-  if (data.global_batch() != 0 && data.global_batch() != tokens->shape(0)) {
-    return Invalid("data.global_batch", absl::StrCat("is ", data.global_batch(), "; the program "
-                                                     "takes batch.tokens of ", tokens->shape(0),
-                                                     " rows (or leave it 0)"));
+  const int64_t hosts = std::max(1, spec.mesh().host_replicas());
+  if (data.global_batch() != 0 && data.global_batch() != tokens->shape(0) * hosts) {
+    return Invalid("data.global_batch",
+                   absl::StrCat("is ", data.global_batch(), "; the program takes batch.tokens of ",
+                                tokens->shape(0), " rows",
+                                hosts > 1 ? absl::StrCat(" on each of ", hosts, " hosts") : "",
+                                " (or leave it 0)"));
   }
   if (data.sequence_length() != 0 && data.sequence_length() != tokens->shape(1)) {
     return Invalid("data.sequence_length",
@@ -104,7 +107,7 @@ absl::Status CheckTokenBatchInputs(const v1::JobSpec& spec, const v1::Program& p
 
 // The program that takes the batch: "step" in compile mode A, "grad" in mode B.
 const v1::Program* BatchProgram(const v1::JobSpec& spec, int* index) {
-  const char* role = spec.model_family() == v1::MODEL_FAMILY_MOE ? "grad" : "step";
+  const char* role = IsModeB(spec) ? "grad" : "step";
   for (int i = 0; i < spec.programs_size(); ++i) {
     if (spec.programs(i).role() == role) {
       *index = i;
@@ -247,9 +250,11 @@ std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs
   return out;
 }
 
-const char* CompileMode(v1::ModelFamily family) {
-  return family == v1::MODEL_FAMILY_MOE ? "B" : "A";
+bool IsModeB(const v1::JobSpec& spec) {
+  return spec.model_family() == v1::MODEL_FAMILY_MOE || spec.mesh().host_replicas() > 1;
 }
+
+const char* CompileMode(const v1::JobSpec& spec) { return IsModeB(spec) ? "B" : "A"; }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.name().empty()) return Invalid("name", "is empty; name the job");
@@ -275,26 +280,33 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     }
   }
   if (!roles.contains("init")) return Invalid("programs", "has no \"init\" program");
-  const bool moe = spec.model_family() == v1::MODEL_FAMILY_MOE;
-  if (moe && !(roles.contains("grad") && roles.contains("apply"))) {
+  const bool mode_b = IsModeB(spec);
+  const bool replicas = spec.mesh().host_replicas() > 1;
+  if (replicas && !(roles.contains("grad") && roles.contains("apply"))) {
+    return Invalid("mesh.host_replicas",
+                   "needs compile mode B (grad and apply programs): the hosts average their "
+                   "gradients between grad and apply, which one step program gives them no "
+                   "point to do; export the step as grad + apply");
+  }
+  if (mode_b && !(roles.contains("grad") && roles.contains("apply"))) {
     return Invalid("programs", "of an MoE job (compile mode B) need \"grad\" and \"apply\"");
   }
-  if (!moe && !roles.contains("step")) {
+  if (!mode_b && !roles.contains("step")) {
     return Invalid("programs", "of a dense or Mamba job (compile mode A) need a \"step\" program");
   }
-  if (moe && roles.contains("step")) {
-    return Invalid("programs", "of an MoE job (compile mode B) run grad + apply; drop \"step\"");
+  if (mode_b && roles.contains("step")) {
+    return Invalid("programs", "of a compile mode B job run grad + apply; drop \"step\"");
   }
-  if (moe && spec.grad_accumulation() < 1) {
+  if (mode_b && spec.grad_accumulation() < 1) {
     return Invalid("grad_accumulation",
-                   absl::StrCat("is ", spec.grad_accumulation(), "; an MoE job (compile mode B) "
+                   absl::StrCat("is ", spec.grad_accumulation(), "; a compile mode B job "
                                 "runs N >= 1 grad micro-steps per step, set it to N"));
   }
-  if (!moe && spec.grad_accumulation() != 0) {
-    return Invalid("grad_accumulation", "is set but only MoE jobs (compile mode B) accumulate; "
-                                        "leave it 0 or set model_family to MOE");
+  if (!mode_b && spec.grad_accumulation() != 0) {
+    return Invalid("grad_accumulation", "is set but only compile mode B jobs (MoE, or host "
+                                        "replicas) accumulate; leave it 0");
   }
-  if (moe) {
+  if (mode_b) {
     // apply(state, grad_acc): grad must take the state, the same accumulators and the batch.
     const v1::Program* grad = nullptr;
     const v1::Program* apply = nullptr;
@@ -315,7 +327,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   // Telemetry comes from the program that ends a step: "step" in mode A, "apply" in mode B.
   std::set<std::string> outputs;
   for (const v1::Program& p : spec.programs()) {
-    if (p.role() == (moe ? "apply" : "step")) {
+    if (p.role() == (mode_b ? "apply" : "step")) {
       for (const v1::TensorSpec& t : p.outputs()) outputs.insert(t.name());
     }
   }
@@ -326,7 +338,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (!outputs.contains(t.name())) {
       return Invalid(field + ".name",
                      absl::StrCat("\"", t.name(), "\" is not an output of the ",
-                                  moe ? "apply" : "step", " program"));
+                                  mode_b ? "apply" : "step", " program"));
     }
     if (!series.insert(t.name()).second) {
       return Invalid(field + ".name", absl::StrCat("\"", t.name(), "\" is declared twice"));
@@ -348,7 +360,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   // The plan tables first: the token data check skips the inputs they name.
   if (spec.has_sparse_attention()) {
-    if (moe) return Invalid("sparse_attention", "is supported for mode A (step) jobs only");
+    if (mode_b) return Invalid("sparse_attention", "is supported for mode A (step) jobs only");
     if (absl::Status s = CheckSparseAttention(spec.sparse_attention(), *FindStep(spec)); !s.ok()) {
       return s;
     }
@@ -365,6 +377,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const v1::MeshRequest& mesh = spec.mesh();
   if (mesh.data_parallel() < 0 || mesh.tensor_parallel() < 0 || mesh.expert_parallel() < 0) {
     return Invalid("mesh", "has a negative size; use 0 for auto");
+  }
+  if (mesh.host_replicas() < 0) {
+    return Invalid("mesh.host_replicas", "is negative; use 0 (or 1) for one host");
+  }
+  if (mesh.host_replicas() > 1) {
+    // The hosts average gradients between grad and apply (worker/collectives), in f32.
+    for (const v1::Program& p : spec.programs()) {
+      for (int i = spec.state_count(); p.role() == "apply" && i < p.inputs_size(); ++i) {
+        if (p.inputs(i).dtype() != "f32") {
+          return Invalid("mesh.host_replicas",
+                         absl::StrCat("needs f32 accumulators; apply input ", p.inputs(i).name(),
+                                      " is ", p.inputs(i).dtype()));
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,11 @@ worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse)
 std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs(
     const v1::SparseAttention& sparse);
 
-// "A" for dense and Mamba-only models (one whole-step program), "B" for MoE (grad + apply).
-const char* CompileMode(v1::ModelFamily family);
+// Compile mode B (grad + apply programs) for MoE models, and for any model run as host
+// replicas (mesh.host_replicas > 1: the hosts average gradients between grad and apply);
+// otherwise A (one whole-step program), as for dense and Mamba-only models.
+bool IsModeB(const v1::JobSpec& spec);
+// "A" or "B", as IsModeB.
+const char* CompileMode(const v1::JobSpec& spec);
 
 }  // namespace meshrun::coordinator

@@ -266,13 +266,49 @@ TEST(JobValidationTest, ModeBNeedsGradApplyAndAccumulation) {
   }
   v1::JobSpec dense = GoodSpec();
   dense.set_grad_accumulation(2);
-  EXPECT_NE(ValidateJobSpec(dense).message().find("only MoE jobs"), absl::string_view::npos);
+  EXPECT_NE(ValidateJobSpec(dense).message().find("only compile mode B jobs"),
+            absl::string_view::npos);
+}
+
+TEST(JobValidationTest, HostReplicasNeedModeBWithF32Accumulators) {
+  v1::JobSpec spec = MoeSpec();
+  spec.mutable_mesh()->set_host_replicas(2);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
+      {[](v1::JobSpec& s) { s.mutable_mesh()->set_host_replicas(-1); },
+       "spec.mesh.host_replicas is negative"},
+      {[](v1::JobSpec& s) { s.mutable_programs(2)->mutable_inputs(1)->set_dtype("s32"); },
+       "spec.mesh.host_replicas needs f32 accumulators; apply input acc is s32"},
+  };
+  for (const auto& [mutate, expected] : cases) {
+    v1::JobSpec bad = spec;
+    mutate(bad);
+    const absl::Status status = ValidateJobSpec(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_NE(status.message().find(expected), absl::string_view::npos)
+        << "wanted \"" << expected << "\" in: " << status.message();
+  }
+  // A dense model runs as host replicas in mode B too, but not from one step program.
+  v1::JobSpec dense = spec;
+  dense.set_model_family(v1::MODEL_FAMILY_DENSE);
+  EXPECT_TRUE(ValidateJobSpec(dense).ok()) << ValidateJobSpec(dense);
+  v1::JobSpec step = GoodSpec();
+  step.mutable_mesh()->set_host_replicas(2);
+  EXPECT_NE(ValidateJobSpec(step).message().find("host_replicas needs compile mode B"),
+            absl::string_view::npos)
+      << ValidateJobSpec(step);
 }
 
 TEST(JobValidationTest, CompileModeFollowsModelFamily) {
-  EXPECT_STREQ(CompileMode(v1::MODEL_FAMILY_DENSE), "A");
-  EXPECT_STREQ(CompileMode(v1::MODEL_FAMILY_MAMBA), "A");
-  EXPECT_STREQ(CompileMode(v1::MODEL_FAMILY_MOE), "B");
+  v1::JobSpec spec;
+  for (auto [family, mode] : {std::pair{v1::MODEL_FAMILY_DENSE, "A"}, {v1::MODEL_FAMILY_MAMBA, "A"},
+                              {v1::MODEL_FAMILY_MOE, "B"}}) {
+    spec.set_model_family(family);
+    EXPECT_STREQ(CompileMode(spec), mode);
+  }
+  spec.set_model_family(v1::MODEL_FAMILY_DENSE);
+  spec.mutable_mesh()->set_host_replicas(2);  // the hosts average gradients: grad + apply
+  EXPECT_STREQ(CompileMode(spec), "B");
 }
 
 }  // namespace

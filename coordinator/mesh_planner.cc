@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -106,9 +107,11 @@ std::string MeshPlan::ToString() const {
   for (size_t i = 0; i < axis_names.size() && i < shape.size(); ++i) {
     axes.push_back(absl::StrCat(axis_names[i], "=", shape[i]));
   }
-  return absl::StrCat(absl::StrJoin(axes, " x "), " on ", hosts.size(),
-                      hosts.size() == 1 ? " host (" : " hosts (", runtime::ToString(runtime),
-                      ")");
+  const std::string where =
+      replica_hosts.size() > 1
+          ? absl::StrCat(" on each of ", replica_hosts.size(), " hosts (data-parallel, ")
+          : absl::StrCat(" on ", hosts.size(), hosts.size() == 1 ? " host (" : " hosts (");
+  return absl::StrCat(absl::StrJoin(axes, " x "), where, runtime::ToString(runtime), ")");
 }
 
 std::vector<size_t> IciChipOrder(const std::vector<DeviceDescription>& devices, int tp) {
@@ -332,6 +335,51 @@ absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<Worker
     }
   }
   return plan;
+}
+
+absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,
+                                    const std::vector<WorkerInfo>& eligible,
+                                    const std::set<std::string>& busy) {
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh.host_replicas is ", replicas, "; use 1 (or 0) for one host"));
+  }
+  std::optional<MeshPlan> plan;
+  std::vector<std::string> chosen, passed_over;
+  int busy_fits = 0;
+  for (const WorkerInfo& host : eligible) {
+    if (static_cast<int>(chosen.size()) == replicas) break;
+    absl::StatusOr<MeshPlan> one = PlanMesh(request, {host});
+    if (!one.ok()) {
+      passed_over.push_back(absl::StrCat(host.host, ": ", one.status().message()));
+    } else if (plan.has_value() && one->device_ids != plan->device_ids) {
+      passed_over.push_back(absl::StrCat(host.host, ": its device ids differ from ",
+                                         chosen.front(), "'s"));
+    } else if (busy.contains(host.host)) {
+      passed_over.push_back(absl::StrCat(host.host, ": running another job"));
+      ++busy_fits;
+    } else {
+      if (!plan.has_value()) plan = *std::move(one);
+      chosen.push_back(host.host);
+    }
+  }
+  if (static_cast<int>(chosen.size()) < replicas) {
+    const std::string message = absl::StrCat(
+        "the job needs ", replicas, replicas == 1 ? " CPU host" : " CPU hosts",
+        " with a free worker its mesh fits; ", chosen.size(), " found",
+        passed_over.empty() ? "" : " (", absl::StrJoin(passed_over, "; "),
+        passed_over.empty() ? "" : ")");
+    if (static_cast<int>(chosen.size()) + busy_fits >= replicas) {
+      return absl::UnavailableError(absl::StrCat(message, "; retry when a job ends"));
+    }
+    return absl::FailedPreconditionError(message);
+  }
+  plan->hosts = chosen;
+  if (replicas > 1) {
+    plan->replica_hosts = chosen;
+    plan->device_hosts.clear();
+  }
+  return *std::move(plan);
 }
 
 PinResult PinRuntime(std::vector<WorkerInfo> hosts, const RuntimeIdentity& pin) {

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ struct MeshPlan {
   std::vector<std::string> device_hosts;  // host of each entry of device_ids
   std::vector<std::string> hosts;        // hosts in data-axis order
   runtime::RuntimeIdentity runtime;      // shared by every host
+  // Host replicas (PlanCpuJob with replicas > 1): the hosts, in data order, that each run the
+  // whole mesh on their own devices; device_ids are then one host's and device_hosts is empty.
+  std::vector<std::string> replica_hosts;
 
   // "data=2 x model=8 on 2 hosts (tpu ...)".
   std::string ToString() const;
@@ -76,6 +80,17 @@ std::vector<std::string> MeshAxisNames(int ep, int tp);
 //     runtimes (each named with its version); tp larger than the chips of one host or not
 //     dividing them; dp*ep*tp larger than, smaller than, or not dividing the device count.
 absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<WorkerInfo> hosts);
+
+// A CPU job's hosts and mesh. XLA's CPU client only sees its own process's devices, so a CPU
+// mesh never spans hosts: the job takes the first `replicas` hosts of `eligible` (in order)
+// that are not `busy` and on whose devices `request` plans; with replicas > 1 each of them
+// runs that mesh on its own devices, data-parallel across hosts (docs/multihost_cpu.md).
+// Errors: INVALID_ARGUMENT (replicas < 1); UNAVAILABLE (enough hosts fit but some are busy:
+// retry later); FAILED_PRECONDITION (fewer than `replicas` hosts fit the mesh; every host
+// passed over is named with why).
+absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,
+                                    const std::vector<WorkerInfo>& eligible,
+                                    const std::set<std::string>& busy);
 
 // Indexes into `devices` (one host's) in ICI order for model groups of `tp` chips (rules
 // above). Exposed for tests and for `meshrun workers`.

@@ -319,3 +319,56 @@ TEST(PinRuntimeTest, PinsTheFirstHostAndExplainsEveryExclusion) {
 
 }  // namespace
 }  // namespace meshrun::coordinator
+
+namespace meshrun::coordinator {
+namespace {
+
+// CPU hosts as registered: each numbers its own devices from 0.
+std::vector<WorkerInfo> CpuFleet() {
+  return {CpuHost("host-a", 0, 4, 0), CpuHost("host-b", 1, 4, 0), CpuHost("host-8", 2, 8, 0),
+          CpuHost("host-c", 3, 4, 0)};
+}
+
+TEST(PlanCpuJobTest, OneHostTakesTheFirstFreeHostTheMeshFits) {
+  absl::StatusOr<MeshPlan> plan = PlanCpuJob({.dp = 8}, 1, CpuFleet(), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->hosts, std::vector<std::string>{"host-8"});
+  EXPECT_EQ(plan->device_hosts, std::vector<std::string>(8, "host-8"));
+  EXPECT_TRUE(plan->replica_hosts.empty());
+  plan = PlanCpuJob({.dp = 4}, 1, CpuFleet(), {"host-a"});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->hosts, std::vector<std::string>{"host-b"});
+}
+
+TEST(PlanCpuJobTest, ReplicasRunOneHostsMeshOnEachHost) {
+  absl::StatusOr<MeshPlan> plan = PlanCpuJob({.dp = 4}, 2, CpuFleet(), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replica_hosts, (std::vector<std::string>{"host-a", "host-b"}));
+  EXPECT_EQ(plan->hosts, plan->replica_hosts);
+  EXPECT_EQ(plan->device_ids, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(plan->device_hosts.empty());
+  EXPECT_EQ(plan->shape, std::vector<int64_t>{4});
+  EXPECT_EQ(plan->ToString(), "data=4 on each of 2 hosts (data-parallel, " +
+                                  runtime::ToString(Cpu()) + ")");
+  // A busy host is passed over for the next that fits; host-8 never fits dp=4.
+  plan = PlanCpuJob({.dp = 4}, 2, CpuFleet(), {"host-b"});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replica_hosts, (std::vector<std::string>{"host-a", "host-c"}));
+}
+
+TEST(PlanCpuJobTest, SaysWhyHostsWerePassedOver) {
+  absl::StatusOr<MeshPlan> plan = PlanCpuJob({.dp = 4}, 4, CpuFleet(), {});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(plan.status().message().find("needs 4 CPU hosts"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("3 found"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("host-8: "), std::string::npos) << plan.status();
+  // Enough hosts fit, but one is busy: retry later.
+  plan = PlanCpuJob({.dp = 4}, 3, CpuFleet(), {"host-c"});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable) << plan.status();
+  EXPECT_NE(plan.status().message().find("host-c: running another job"), std::string::npos);
+  EXPECT_EQ(PlanCpuJob({.dp = 4}, 0, CpuFleet(), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator

@@ -14,8 +14,15 @@ tensor parallel over "model"), it writes:
   transformer_lm/sparse_dp1/     the LM on packed documents with block-sparse attention: its step
                                  also takes batch.doc_ids and the plan tables the worker builds per
                                  batch (job.json "sparse_attention"); data in sparse_data.bin
-  jax_compile_options/partitions_{1,8}.pb
-                                 JAX's own serialized CompileOptions for 1 and 8 partitions,
+  transformer_lm/dp4x2/          the LM as host replicas (mesh.host_replicas = 2): one host's
+                                 4-device init, grad and apply programs (compile mode B); 2 hosts
+                                 each run them on their half of the batch and average gradients
+                                 between grad and apply
+  transformer_moe/{dp1,dp8,dp4x2}/
+                                 the LM with a mixture-of-experts MLP in compile mode B (init, grad,
+                                 apply); dp4x2 as above
+  jax_compile_options/partitions_{1,4,8}.pb
+                                 JAX's own serialized CompileOptions for 1, 4 and 8 partitions,
                                  the reference for worker/runtime/compile_options_test.cc
 
 Programs carry no source locations, and XLA_FLAGS is fixed here, so the output depends only on
@@ -27,6 +34,7 @@ Exit code 77 (with a message) when JAX is not installed.
 """
 import argparse
 import filecmp
+import functools
 import json
 import os
 import sys
@@ -448,7 +456,8 @@ class TransformerMoe(TransformerLm):
     """The transformer LM with a mixture-of-experts MLP: a router picks the top 2 of 4 experts
     per token and mixes their outputs by the renormalized router probabilities. Every expert
     runs on every token (a dense dispatch, small enough here) and the others get weight 0; a
-    Switch-style load-balancing loss (weight aux_weight) keeps the router from collapsing.
+    per-sequence Switch-style load-balancing loss (weight aux_weight) keeps the router from
+    collapsing.
     Trained in compile mode B: `grad` micro-steps accumulate into a donated accumulator, then
     `apply` takes the averaged gradients (see make_grad / make_apply)."""
     name = "transformer_moe"
@@ -508,10 +517,13 @@ class TransformerMoe(TransformerLm):
             weights = jnp.einsum("btk,btke->bte", top / jnp.sum(top, -1, keepdims=True), picked)
             hidden = jax.nn.gelu(jnp.einsum("btd,edf->btef", h, lp["w1"]))
             x = x + jnp.einsum("btef,efd,bte->btd", hidden, lp["w2"], weights)
-            # Load balance: fraction of routed slots per expert times its mean router probability.
-            load = jnp.mean(jnp.sum(picked, axis=2), axis=(0, 1)) / self.top_k  # [E], sums to 1
-            aux = E * jnp.sum(jax.lax.stop_gradient(load) * jnp.mean(router, axis=(0, 1)))
-            return x, (aux, jax.lax.stop_gradient(load))
+            # Load balance, per sequence: fraction of a row's routed slots per expert times its
+            # mean router probability in that row, averaged over rows. A mean over rows (not a
+            # product of batch means) splits exactly over data-parallel hosts, so 2 hosts x 4
+            # devices train the same model as 1 host x 8 (examples/transformer_moe/dp4x2).
+            load = jnp.mean(jnp.sum(picked, axis=2), axis=1) / self.top_k  # [B, E], rows sum to 1
+            aux = E * jnp.mean(jnp.sum(jax.lax.stop_gradient(load) * jnp.mean(router, axis=1), -1))
+            return x, (aux, jax.lax.stop_gradient(jnp.mean(load, axis=0)))
 
         x, (aux, load) = jax.lax.scan(block, x, params["layers"])
         logits = self.rmsnorm(x, params["ln_f"]) @ params["unembed"]
@@ -684,13 +696,19 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
 
 # ---------------------------------------------------------------- compile mode B programs
 
+def micro_metrics(total, aux):
+    """One micro-batch's metrics: its loss (the model's own "loss" when it adds terms to the
+    trained total, as the MoE's load balancing) and the model's other per-step metrics."""
+    return {"loss": aux.get("loss", total), **{k: v for k, v in aux.items() if k != "loss"}}
+
+
 def make_grad(model):
-    """grad(state, acc, batch) -> acc + this micro-batch's gradients, loss and expert load."""
+    """grad(state, acc, batch) -> acc + this micro-batch's gradients and metrics."""
     def grad(state, acc, batch):
-        (_, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], batch)
+        (total, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], batch)
+        metrics = micro_metrics(total, aux)
         return {"grads": jax.tree.map(jnp.add, acc["grads"], grads),
-                "loss": acc["loss"] + aux["loss"],
-                "expert_load": acc["expert_load"] + aux["expert_load"]}
+                **{k: acc[k] + v for k, v in metrics.items()}}
     return grad
 
 
@@ -699,39 +717,58 @@ def make_apply(model):
 
     The accumulator comes back zeroed (in place: it is donated), ready for the next step's
     first micro-step, so the loop never uploads zeros per step."""
-    n = model.grad_accumulation
+    n = grad_accumulation(model)
 
     def apply(state, acc):
         grads = jax.tree.map(lambda g: g / n, acc["grads"])
         params, opt = adam(state["params"], grads, state["opt"], model.lr)
-        metrics = {"loss": acc["loss"] / n, "grad_norm": global_norm(grads),
-                   "expert_load": acc["expert_load"] / n}
+        metrics = {"grad_norm": global_norm(grads),
+                   **{k: v / n for k, v in acc.items() if k != "grads"}}
         return {"params": params, "opt": opt}, jax.tree.map(jnp.zeros_like, acc), metrics
     return apply
 
 
-def zero_accumulator(model, state_shapes):
-    return {"grads": jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state_shapes["params"]),
-            "loss": jnp.zeros((), jnp.float32),
-            "expert_load": jnp.zeros((model.layers, model.experts), jnp.float32)}
+def grad_accumulation(model):
+    return getattr(model, "grad_accumulation", 1)
+
+
+def zero_accumulator(model, state_shapes, batch):
+    total, aux = jax.eval_shape(model.loss, state_shapes["params"], batch)
+    zeros = lambda x: jnp.zeros(x.shape, x.dtype)
+    return {"grads": jax.tree.map(zeros, state_shapes["params"]),
+            **jax.tree.map(zeros, micro_metrics(total, aux))}
+
+
+# Compile mode B meshes: (dp, tp) of one host's program, and the hosts that each run it.
+MODE_B_MESHES = {"dp1": (1, 1, 1), "dp8": (8, 1, 1), "dp4x2": (4, 1, 2)}
+
 
 
 def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
-    """init, grad and apply programs of a compile mode B job (see make_grad / make_apply)."""
-    dp, tp = MESHES[mesh_name]
+    """init, grad and apply programs of a compile mode B job (see make_grad / make_apply).
+
+    With more than one host ("host_replicas", e.g. dp4x2) the programs are one host's: every
+    host runs them over its own devices on its rows of each global micro-batch (host h takes
+    rows [h*b, (h+1)*b)), and the hosts average their accumulators between grad and apply
+    (docs/multihost_cpu.md). The reference simulates exactly that."""
+    dp, tp, hosts = MODE_B_MESHES[mesh_name]
     mesh = make_mesh(dp, tp)
     named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                        is_leaf=lambda x: isinstance(x, P))
     state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
-    acc_specs = {"grads": model.param_specs(mesh), "loss": P(), "expert_load": P()}
     replicated = NamedSharding(mesh, P())
     batch_shardings = named(model.batch_specs(mesh))
 
     init = jax.jit(model.init, in_shardings=replicated, out_shardings=named(state_specs))
     seed = jnp.asarray(SEED, jnp.uint32)
     state_shapes = jax.eval_shape(model.init, seed)
-    acc_shapes = jax.eval_shape(lambda: zero_accumulator(model, state_shapes))
-    batch0 = jax.tree.map(jnp.asarray, micro_batches[0])
+    host_rows = len(jax.tree.leaves(micro_batches[0])[0]) // hosts
+    host_slice = lambda batch, h: jax.tree.map(
+        lambda x: jnp.asarray(x[h * host_rows:(h + 1) * host_rows]), batch)
+    batch0 = host_slice(micro_batches[0], 0)
+    acc_shapes = jax.eval_shape(lambda: zero_accumulator(model, state_shapes, batch0))
+    acc_specs = {"grads": model.param_specs(mesh),  # the metrics' sums are replicated
+                 **{k: P() for k in acc_shapes if k != "grads"}}
     apply_fn = make_apply(model)
     _, _, metric_shapes = jax.eval_shape(apply_fn, state_shapes, acc_shapes)
     metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
@@ -756,14 +793,22 @@ def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
     state = array_entries(state_shapes, state_specs, mesh, "state")
     acc = array_entries(acc_shapes, acc_specs, mesh, "grad_acc")
     batch = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
+    # The data file holds global micro-batches; over several hosts the data axis spans them all.
+    data_arrays = array_entries(jax.tree.map(jnp.asarray, micro_batches[0]),
+                                model.batch_specs(mesh), mesh, "batch")
+    for entry, per_host in zip(data_arrays, batch):
+        entry["shard_shape"] = per_host["shard_shape"]
     metrics = array_entries(metric_shapes, metric_specs, mesh, "metrics")
     seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [], "shard_shape": []}
     n_state, n_acc = len(state), len(acc)
+    job_mesh = {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
+                "device_ids": list(range(dp * tp))}
+    if hosts > 1:
+        job_mesh["host_replicas"] = hosts
     job = {
         "name": f"{model.name}/{mesh_name}",
         "model_family": model.family,
-        "mesh": {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
-                 "device_ids": list(range(dp * tp))},
+        "mesh": job_mesh,
         "programs": {
             "init": {"file": "init.mlirbc", "format": "mlir",
                      "inputs": [seed_entry], "outputs": state},
@@ -776,11 +821,11 @@ def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
                       "inputs": state + acc, "outputs": state + acc + metrics,
                       "donated_inputs": list(range(n_state + n_acc))},
         },
-        "grad_accumulation": model.grad_accumulation,
+        "grad_accumulation": grad_accumulation(model),
         "seed": SEED,
         # steps x grad_accumulation micro-batches, each one grad call's batch inputs
-        "data": {"file": data_file, "steps": len(micro_batches) // model.grad_accumulation,
-                 "arrays": batch},
+        "data": {"file": data_file, "steps": len(micro_batches) // grad_accumulation(model),
+                 "arrays": data_arrays},
         "telemetry": [{"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
                       for n, s, c in model.telemetry()],
         "reference": "reference.json",
@@ -790,14 +835,20 @@ def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
         json.dump(job, f, indent=1)
         f.write("\n")
 
-    # The reference: JAX runs the same jitted programs, a step at a time.
+    # The reference: JAX runs the same jitted programs, a step at a time; several hosts each
+    # accumulate their rows, then take the mean of the hosts' accumulators (in host order).
     state = init(seed)
-    acc = jax.device_put(zero_accumulator(model, state_shapes), named(acc_specs))
+    zeros = lambda: jax.device_put(zero_accumulator(model, state_shapes, batch0), named(acc_specs))
     losses, norms = [], []
-    n = model.grad_accumulation
+    n = grad_accumulation(model)
     for s in range(len(micro_batches) // n):
+        accs = [zeros() for _ in range(hosts)]
         for m in range(n):
-            acc = grad(state, acc, jax.device_put(micro_batches[s * n + m], batch_shardings))
+            for h in range(hosts):
+                accs[h] = grad(state, accs[h], jax.device_put(
+                    host_slice(micro_batches[s * n + m], h), batch_shardings))
+        acc = accs[0] if hosts == 1 else jax.tree.map(
+            lambda *a: functools.reduce(jnp.add, a) / hosts, *accs)
         state, acc, metrics = apply(state, acc)
         losses.append(float(np.float32(metrics["loss"])))
         norms.append(float(np.float32(metrics["grad_norm"])))
@@ -820,7 +871,7 @@ def write_data(batches, path):
 
 def write_compile_options(out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    for n in (1, 8):
+    for n in (1, 4, 8):
         options = compiler.get_compile_options(
             num_replicas=1, num_partitions=n, device_assignment=np.arange(n).reshape(1, n))
         with open(os.path.join(out_dir, f"partitions_{n}.pb"), "wb") as f:
@@ -830,25 +881,37 @@ def write_compile_options(out_dir):
 def export_all(out_root, quiet=False):
     jax.config.update("jax_enable_x64", False)
     write_compile_options(os.path.join(out_root, "jax_compile_options"))
+    report = lambda name, losses: quiet or print(
+        f"{name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     for model in (Mlp(), TransformerLm(), SparseTransformerLm()):
         batches = model.data(STEPS)
         data_file = getattr(model, "data_file", "data.bin")
         write_data(batches, os.path.join(out_root, model.name, data_file))
         for mesh_name in getattr(model, "meshes", MESHES):
             variant = getattr(model, "variant_prefix", "") + mesh_name
-            losses = export_variant(model, mesh_name, os.path.join(out_root, model.name, variant),
-                                    batches, "../" + data_file)
-            if not quiet:
-                print(f"{model.name}/{variant}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+            report(f"{model.name}/{variant}", export_variant(
+                model, mesh_name, os.path.join(out_root, model.name, variant), batches,
+                "../" + data_file))
+    # The dense LM as host replicas: grad + apply on 2 hosts x 4 devices.
+    model = TransformerLm()
+    lm_dp4x2 = export_mode_b_variant(model, "dp4x2", os.path.join(out_root, model.name, "dp4x2"),
+                                     model.data(STEPS), "../data.bin")
+    report(f"{model.name}/dp4x2", lm_dp4x2)
     model = TransformerMoe()
     micro_batches = model.data(STEPS * model.grad_accumulation)
     write_data(micro_batches, os.path.join(out_root, model.name, "data.bin"))
-    for mesh_name in ("dp1", "dp8"):
-        losses = export_mode_b_variant(model, mesh_name,
-                                       os.path.join(out_root, model.name, mesh_name),
-                                       micro_batches, "../data.bin")
-        if not quiet:
-            print(f"{model.name}/{mesh_name}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    moe = {}
+    for mesh_name in MODE_B_MESHES:
+        moe[mesh_name] = export_mode_b_variant(
+            model, mesh_name, os.path.join(out_root, model.name, mesh_name), micro_batches,
+            "../data.bin")
+        report(f"{model.name}/{mesh_name}", moe[mesh_name])
+    # Data parallelism split over hosts trains the same model (the point of dp4x2).
+    lm_dp8 = json.load(open(os.path.join(out_root, TransformerLm.name, "dp8", "reference.json")))
+    for name, split, whole in (("transformer_lm", lm_dp4x2, lm_dp8["loss"]),
+                               ("transformer_moe", moe["dp4x2"], moe["dp8"])):
+        worst = max(abs(a - b) / abs(b) for a, b in zip(split, whole))
+        assert worst < 1e-4, f"{name}: dp4x2 differs from dp8 by {worst} (relative loss)"
 
 
 def outputs_of(root):

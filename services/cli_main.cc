@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
 ABSL_FLAG(std::string, data, "",
           "submit: token shard glob to train on (e.g. '.data/fortunes/*.tok'), or 'synthetic' "
           "for seeded random tokens; empty: the bundle's own batches");
+ABSL_FLAG(int, host_replicas, 0,
+          "submit: run the mesh on this many CPU hosts, data-parallel across them (mode B "
+          "jobs; 0: the bundle's mesh.host_replicas)");
 ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
@@ -189,7 +192,8 @@ int Submit(const std::vector<std::string>& args) {
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromBundle(
       args[2], {.steps = absl::GetFlag(FLAGS_steps),
                 .telemetry_cadence = absl::GetFlag(FLAGS_cadence),
-                .data = absl::GetFlag(FLAGS_data)});
+                .data = absl::GetFlag(FLAGS_data),
+                .host_replicas = absl::GetFlag(FLAGS_host_replicas)});
   if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
   auto stub = CoordinatorStub();
   v1::SubmitJobRequest request;

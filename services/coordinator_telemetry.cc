@@ -70,13 +70,15 @@ absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
                                                   int64_t emitted_through_step) {
   telemetry::StepCombiner::JobSetup setup{.job_id = job.job_id(),
                                           .emitted_through_step = emitted_through_step};
-  // Replicas per host: the data-parallel size spread over the job's hosts.
+  // Replicas per host: the data-parallel size spread over the job's hosts; host replicas each
+  // run the whole mesh.
   const int hosts = std::max(1, job.host_incarnations_size());
   const int data = job.mesh().shape_size() > 0 ? job.mesh().shape(0) : 1;
+  const int per_host = job.mesh().replica_hosts_size() > 1 ? data : std::max(1, data / hosts);
   std::map<std::string, std::string> ordered(job.host_incarnations().begin(),
                                              job.host_incarnations().end());
   for (const auto& [host, incarnation] : ordered) {
-    setup.hosts.push_back({.host = host, .replica_count = std::max(1, data / hosts)});
+    setup.hosts.push_back({.host = host, .replica_count = per_host});
   }
   setup.declarations = {job.spec().telemetry().begin(), job.spec().telemetry().end()};
   return combiner_->StartJob(std::move(setup));

@@ -159,6 +159,14 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
   spec.mutable_mesh()->set_data_parallel(dp);
   spec.mutable_mesh()->set_tensor_parallel(tp);
   spec.mutable_mesh()->set_expert_parallel(ep);
+  int host_replicas = options.host_replicas;
+  if (host_replicas == 0 && fields.contains("mesh")) {
+    const auto& mesh = fields.at("mesh").struct_value().fields();
+    if (mesh.contains("host_replicas")) {
+      host_replicas = static_cast<int>(mesh.at("host_replicas").number_value());
+    }
+  }
+  spec.mutable_mesh()->set_host_replicas(host_replicas);
   return spec;
 }
 

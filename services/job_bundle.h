@@ -19,6 +19,8 @@ struct BundleOptions {
   // Overrides the bundle's data: "" keeps it (data.example_bundle), "synthetic" asks for seeded
   // random tokens by name, anything else is a token shard glob (made absolute).
   std::string data;
+  // Overrides the bundle's mesh.host_replicas (CPU hosts running the mesh each) when > 0.
+  int host_replicas = 0;
 };
 
 // Errors: NOT_FOUND (a bundle file missing, named), INVALID_ARGUMENT (malformed bundle, the

@@ -18,23 +18,8 @@
 #include "worker/runtime/compile_options.h"
 
 namespace meshrun::services {
-namespace {
-
 using coordinator::WorkerEntry;
 using coordinator::WorkerInfo;
-
-// The hosts a job runs on: every eligible host for multi-process runtimes (TPU); one free
-// host for the single-process CPU plugin.
-std::vector<WorkerInfo> ChooseHosts(const std::vector<WorkerInfo>& eligible,
-                                    const std::set<std::string>& busy) {
-  if (eligible.empty() || eligible.front().runtime.platform_name != "cpu") return eligible;
-  for (const WorkerInfo& host : eligible) {
-    if (!busy.contains(host.host)) return {host};
-  }
-  return {};
-}
-
-}  // namespace
 
 JobLauncher::JobLauncher(Config config) : config_(config) {}
 
@@ -84,27 +69,41 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     if (other.job_id() == job_id || coordinator::IsFinal(other.state())) continue;
     for (const auto& [host, incarnation] : other.host_incarnations()) busy.insert(host);
   }
-  std::vector<WorkerInfo> hosts = ChooseHosts(pinned.eligible, busy);
-  if (hosts.empty()) {
-    return absl::UnavailableError("every eligible worker is running another job; retry later");
+  // A TPU job spans every eligible host with one SPMD program; a CPU job takes its free hosts
+  // (one, or one per host replica: the CPU client sees only its own process's devices).
+  const coordinator::MeshRequest request{.dp = spec.mesh().data_parallel(),
+                                         .ep = spec.mesh().expert_parallel(),
+                                         .tp = spec.mesh().tensor_parallel()};
+  const int replicas = std::max(1, spec.mesh().host_replicas());
+  coordinator::MeshPlan plan;
+  if (pinned.pin.platform_name == "cpu") {
+    ASSIGN_OR_RETURN(plan, coordinator::PlanCpuJob(request, replicas, pinned.eligible, busy));
+  } else if (replicas > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh.host_replicas is ", replicas, " but the job runs on ", pinned.pin.platform_name,
+        ", where one SPMD program spans the hosts; leave it 0"));
+  } else {
+    ASSIGN_OR_RETURN(plan, coordinator::PlanMesh(request, pinned.eligible));
   }
-  ASSIGN_OR_RETURN(coordinator::MeshPlan plan,
-                   coordinator::PlanMesh({.dp = spec.mesh().data_parallel(),
-                                          .ep = spec.mesh().expert_parallel(),
-                                          .tp = spec.mesh().tensor_parallel()},
-                                         hosts));
+  std::vector<WorkerInfo> hosts;
+  for (const std::string& name : plan.hosts) {
+    for (const WorkerInfo& host : pinned.eligible) {
+      if (host.host == name) hosts.push_back(host);
+    }
+  }
   RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
     v1::MeshAssignment* mesh = m.mutable_mesh();
     for (const std::string& axis : plan.axis_names) mesh->add_axis_names(axis);
     for (int64_t size : plan.shape) mesh->add_shape(static_cast<int32_t>(size));
     for (int32_t id : plan.device_ids) mesh->add_device_ids(id);
     for (const std::string& host : plan.device_hosts) mesh->add_device_hosts(host);
+    for (const std::string& host : plan.replica_hosts) mesh->add_replica_hosts(host);
     *m.mutable_runtime() = ToProto(plan.runtime);
     for (const WorkerInfo& host : hosts) {
       (*m.mutable_host_incarnations())[host.host] = host.incarnation;
       (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
     }
-    m.set_compile_mode(coordinator::CompileMode(spec.model_family()));
+    m.set_compile_mode(coordinator::CompileMode(spec));
   }));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());

@@ -7,8 +7,9 @@
 //              already hold it (all workers at once), then start the job on each worker;
 //   RUNNING:   workers report progress; every worker SUCCEEDED -> SUCCEEDED; any failure, a
 //              dead worker or a cancel ends the job for all of them.
-// The CPU PJRT plugin is single-process, so a CPU job runs on one host (the first free eligible
-// one); a TPU job spans every eligible host of its pin.
+// A TPU job spans every eligible host of its pin. The CPU PJRT plugin is single-process, so a
+// CPU job runs on one free host, or, with mesh.host_replicas, data-parallel on several, each
+// running the whole mesh (docs/multihost_cpu.md).
 //
 // Lifetime: the registry, job table, cache and runtime must outlive the launcher; the
 // destructor waits for launches in progress (each bounded by its RPC deadlines).

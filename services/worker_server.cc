@@ -21,6 +21,7 @@
 #include "services/unary_reactor.h"
 #include "telemetry/combine.h"
 #include "worker/batch_sources.h"
+#include "worker/collectives/host_replicas.h"
 #include "worker/runtime/example_job.h"
 #include "worker/sparse/plan_batches.h"
 
@@ -246,11 +247,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
       TelemetryUploader::Config{.coordinator = server->config_.coordinator});
   ASSIGN_OR_RETURN(server->executables_,
                    worker::ExecutableStore::Create(server->config_.state_dir + "/executables"));
+  server->kv_client_ =
+      std::make_shared<CoordinatorKeyValueClient>(MakeChannel(server->config_.coordinator));
   if (!server->config_.pjrt_plugin.empty()) {
     ASSIGN_OR_RETURN(server->runtime_,
                      CreatePjrtRuntime(server->config_.pjrt_plugin, server->config_.cpu_devices,
-                                       std::make_shared<CoordinatorKeyValueClient>(
-                                           MakeChannel(server->config_.coordinator))));
+                                       server->kv_client_));
   }
   server->service_ = std::make_unique<Service>(server.get());
   ASSIGN_OR_RETURN(StartedServer started,
@@ -421,22 +423,56 @@ const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role)
   return nullptr;
 }
 
+// This host's place among a job's host replicas (docs/multihost_cpu.md): its index and their
+// count; {0, 1} for a job on one host or one SPMD program over several.
+struct Replica {
+  int index = 0;
+  int count = 1;
+};
+absl::StatusOr<Replica> ReplicaOf(const v1::MeshAssignment& mesh, const std::string& host) {
+  if (mesh.replica_hosts_size() <= 1) return Replica{};
+  for (int i = 0; i < mesh.replica_hosts_size(); ++i) {
+    if (mesh.replica_hosts(i) == host) return Replica{i, mesh.replica_hosts_size()};
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("this host (", host, ") is not one of the job's replica hosts: ",
+                   absl::StrJoin(mesh.replica_hosts(), ", ")));
+}
+
 // The step's batches from the job's data source. Token shards and synthetic tokens fill only
-// the rows of this host's mesh partitions (worker/batch_sources.h).
+// the rows of this host's mesh partitions (worker/batch_sources.h); a host replica takes its
+// share of the global batch.
 absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
                                                                  const v1::Program& step,
                                                                  int first_batch_input,
                                                                  const std::string& host) {
   const v1::DataSource& data = manifest.spec().data();
+  const v1::MeshAssignment& mesh = manifest.mesh();
+  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(mesh, host));
   if (data.has_example_bundle()) {
     ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
     if (bundle.batches.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.example_bundle ", data.example_bundle(), " has no batches"));
     }
+    // The bundle's batches are global: replica h takes block h of their rows.
+    for (auto& batch : bundle.batches) {
+      for (runtime::HostArray& array : batch) {
+        if (replica.count == 1) break;
+        std::vector<std::string> rows(array.shape.dims.size(), "");
+        if (!rows.empty()) rows[0] = "hosts";
+        absl::StatusOr<runtime::HostArray> share =
+            runtime::ShardOf(array, rows, {"hosts"}, {replica.count}, replica.index);
+        if (rows.empty() || !share.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "data.example_bundle ", data.example_bundle(), ": its batches do not split over ",
+              replica.count, " hosts", share.ok() ? "" : ": ", share.status().message()));
+        }
+        array = *std::move(share);
+      }
+    }
     return worker::MakeCycledBatches(std::move(bundle.batches));
   }
-  const v1::MeshAssignment& mesh = manifest.mesh();
   std::vector<int64_t> partitions;
   for (int p = 0; p < mesh.device_ids_size(); ++p) {
     if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) partitions.push_back(p);
@@ -465,6 +501,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
     rows.insert(held.begin(), held.end());
   }
   batch.rows.assign(rows.begin(), rows.end());
+  batch.first_row = replica.index * batch.batch;
   if (data.synthetic()) return worker::MakeSyntheticBatches(std::move(batch));
   ASSIGN_OR_RETURN(std::shared_ptr<const worker::TokenCorpus> corpus,
                    worker::TokenCorpus::Open(data.token_shards_glob()));
@@ -523,8 +560,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                        absl::StrCat("job ", job_->job_id, " is still running here"));
     }
   }
-  // Compile mode B (MoE): grad micro-steps then apply, instead of one step program.
-  const bool mode_b = spec.model_family() == v1::MODEL_FAMILY_MOE;
+  // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
+  const bool mode_b = coordinator::IsModeB(spec);
   ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
   std::shared_ptr<const runtime::Executable> step, grad, apply;
   if (mode_b) {
@@ -574,6 +611,31 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     ASSIGN_OR_RETURN(batches,
                      WithPlanTables(std::move(batches), spec, batch_program, plans_, metrics_));
   }
+  // Host replicas average their accumulators between grad and apply.
+  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(manifest.mesh(), config_.identity.host));
+  worker::StepLoop::GradientHook reduce_gradients;
+  if (replica.count > 1) {
+    // Gloo listens on the address the coordinator reaches this worker at.
+    ASSIGN_OR_RETURN(const HostPort advertised,
+                     ParseHostPort("advertise_address", advertise_address_));
+    bool replicated = true;  // data-parallel accumulators: the same on every local device
+    for (int i = spec.state_count(); i < last_program.inputs_size(); ++i) {
+      for (const std::string& axis : last_program.inputs(i).sharding()) {
+        replicated = replicated && axis.empty();
+      }
+    }
+    reduce_gradients = worker::collectives::AverageAcrossHosts(
+        {.runtime = runtime_.get(),
+         .allreduce = {.rank = replica.index,
+                       .size = replica.count,
+                       .store = kv_client_,
+                       .prefix = absl::StrCat("collectives/", manifest.job_id()),
+                       .bind_address = advertised.host,
+                       .peer_names = {manifest.mesh().replica_hosts().begin(),
+                                      manifest.mesh().replica_hosts().end()}},
+         .replicated_across_devices = replicated,
+         .metrics = &metrics_});
+  }
   const std::string job_id = manifest.job_id();
   ASSIGN_OR_RETURN(
       std::unique_ptr<worker::StepLoop> loop,
@@ -583,6 +645,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
            .step = std::move(step),
            .grad = std::move(grad),
            .apply = std::move(apply),
+           .reduce_gradients = std::move(reduce_gradients),
            .spec = std::move(run),
            .batches = std::move(batches),
            .sink = [this](worker::HostStepSummary summary) {

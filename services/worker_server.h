@@ -29,6 +29,7 @@
 #include "worker/executable_store.h"
 #include "worker/host_identity.h"
 #include "worker/metrics.h"
+#include "worker/runtime/kv_client.h"
 #include "worker/runtime/runtime.h"
 #include "worker/sparse/plan_cache.h"
 #include "worker/step_loop.h"
@@ -91,6 +92,8 @@ class WorkerServer {
   const Config config_;
   std::string advertise_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  // The coordinator's key-value store: the PJRT client's and host replicas' rendezvous.
+  std::shared_ptr<runtime::KeyValueClient> kv_client_;
   std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin
   std::unique_ptr<worker::ExecutableStore> executables_;
   worker::Metrics metrics_;

@@ -51,6 +51,9 @@ absl::Status CheckSpec(TokenBatchSpec& spec) {
                                                    " must be in [1, ", spec.length, "]"));
   }
   if (doc_ids == 0) spec.doc_ids_length = 0;
+  if (spec.first_row < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("first_row ", spec.first_row, " is negative"));
+  }
   for (int64_t row : spec.rows) {
     if (row < 0 || row >= spec.batch) {
       return absl::InvalidArgumentError(absl::StrCat("row ", row, " is outside [0, ", spec.batch, ")"));
@@ -84,7 +87,7 @@ class RowBatches : public BatchSource {
     HostArray doc_ids{{DType::kS32, {spec_.batch, spec_.doc_ids_length}}, {}};
     doc_ids.bytes.assign(static_cast<size_t>(doc_ids.shape.ByteSize()), '\0');
     for (int64_t row : spec_.rows) {
-      FillRow(RowHash(spec_.seed, step_, row),
+      FillRow(RowHash(spec_.seed, step_, spec_.first_row + row),
               reinterpret_cast<int32_t*>(tokens.bytes.data()) + row * spec_.length,
               reinterpret_cast<int32_t*>(doc_ids.bytes.data()) + row * spec_.doc_ids_length);
     }

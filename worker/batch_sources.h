@@ -51,6 +51,10 @@ struct TokenBatchSpec {
   int64_t doc_ids_length = 0;  // L' of batch.doc_ids (when declared), 1 <= L' <= L
   std::vector<int64_t> rows;   // the global rows this host fills, each in [0, B)
   uint64_t seed = 0;
+  // Where row 0 sits in the global batch: host replicas (docs/multihost_cpu.md) each fill a
+  // B-row program batch, replica h from global row h * B. Row r is made from global row
+  // first_row + r.
+  int64_t first_row = 0;
 };
 
 // Batches of windows of `corpus` (see the file comment).

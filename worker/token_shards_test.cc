@@ -235,6 +235,30 @@ TEST_F(TokenShardsTest, HostSplitsSeeTheSameGlobalBatch) {
     }
   }
   EXPECT_GT(distinct.size(), 12u);  // rows are drawn over the corpus, not repeated
+
+  // Host replicas: each fills its own 4-row batch from its place in the 8-row global batch.
+  auto replica = [&](int64_t index) {
+    TokenBatchSpec spec{.inputs = {kDocIdsInput, kTokensInput}, .batch = 4, .length = 40,
+                        .doc_ids_length = 32, .rows = {0, 1, 2, 3}, .seed = 7,
+                        .first_row = 4 * index};
+    return *MakeTokenShardBatches(*corpus, spec);
+  };
+  one = source({0, 1, 2, 3, 4, 5, 6, 7});
+  auto replica0 = replica(0);
+  auto replica1 = replica(1);
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<HostArray> all = *one->Next();
+    const std::vector<HostArray> halves[2] = {*replica0->Next(), *replica1->Next()};
+    ASSERT_EQ(halves[1][1].shape.dims, std::vector<int64_t>({4, 40}));
+    for (int64_t r = 0; r < 8; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(std::memcmp(Row(all[i], r), Row(halves[r / 4][i], r % 4),
+                              all[i].shape.dims[1] * 4),
+                  0)
+            << step << " " << r;
+      }
+    }
+  }
 }
 
 TEST(SyntheticBatchesTest, SeededAndOnlyFromTokens) {
