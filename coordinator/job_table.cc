@@ -1,7 +1,13 @@
 #include "coordinator/job_table.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace meshrun::coordinator {
 
@@ -39,9 +45,42 @@ bool IsLegal(v1::JobState from, v1::JobState to) {
 
 }  // namespace
 
+v1::JobManifest RestoredAfterRestart(v1::JobManifest job, absl::Time now) {
+  if (!IsFinal(job.state()) && job.state() != v1::JOB_STATE_RUNNING) {
+    job.set_error(absl::StrCat("the coordinator restarted while the job was ",
+                               JobStateName(job.state()), "; resubmit it"));
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_finished_unix_micros(absl::ToUnixMicros(now));
+  }
+  return job;
+}
+
 absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Create(Config config) {
   if (config.clock == nullptr) return absl::InvalidArgumentError("clock must not be null");
-  return std::unique_ptr<JobTable>(new JobTable(config));
+  std::vector<std::pair<int64_t, v1::JobManifest>> restored;
+  for (v1::JobManifest& job : config.restored) {
+    int64_t n = 0;
+    if (!absl::StartsWith(job.job_id(), "job-") || !absl::SimpleAtoi(job.job_id().substr(4), &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("restored job id \"", job.job_id(), "\" is not job-<n>"));
+    }
+    config.first_id = std::max(config.first_id, n + 1);
+    restored.emplace_back(n, std::move(job));
+  }
+  config.restored.clear();
+  std::sort(restored.begin(), restored.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::unique_ptr<JobTable> table(new JobTable(std::move(config)));
+  absl::MutexLock lock(&table->mu_);
+  for (auto& [n, job] : restored) {
+    table->order_.push_back(job.job_id());
+    table->jobs_[job.job_id()] = std::move(job);
+  }
+  return table;
+}
+
+void JobTable::ChangedLocked(const v1::JobManifest& job) {
+  if (config_.on_change) config_.on_change(job);
 }
 
 std::string JobTable::Add(const v1::JobSpec& spec) {
@@ -53,6 +92,7 @@ std::string JobTable::Add(const v1::JobSpec& spec) {
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
   order_.push_back(id);
+  ChangedLocked(job);
   return id;
 }
 
@@ -71,7 +111,9 @@ absl::Status JobTable::Transition(const std::string& job_id, v1::JobState to) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
-  return TransitionLocked(it->second, to);
+  RETURN_IF_ERROR(TransitionLocked(it->second, to));
+  ChangedLocked(it->second);
+  return absl::OkStatus();
 }
 
 absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
@@ -82,6 +124,7 @@ absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
   if (absl::Status s = TransitionLocked(it->second, v1::JOB_STATE_FAILED); !s.ok()) return s;
   it->second.set_failed_host(host);
   it->second.set_error(error);
+  ChangedLocked(it->second);
   return absl::OkStatus();
 }
 
@@ -98,6 +141,7 @@ absl::Status JobTable::Update(const std::string& job_id,
   edit(it->second);
   it->second.set_job_id(job_id);
   it->second.set_state(state);
+  ChangedLocked(it->second);
   return absl::OkStatus();
 }
 
@@ -128,6 +172,7 @@ std::vector<std::string> JobTable::FailJobsOnWorker(const std::string& host,
     if (TransitionLocked(job, v1::JOB_STATE_FAILED).ok()) {
       job.set_failed_host(host);
       job.set_error(error);
+      ChangedLocked(job);
       failed.push_back(id);
     }
   }

@@ -7,8 +7,12 @@
 // Only these moves are legal; SUCCEEDED, FAILED and CANCELLED are final. A failure records
 // the failing host and its error text. Job ids are "job-<n>" in submission order.
 //
+// Persistence (choice): the table calls Config::on_change with a job's new manifest after every
+// change, under its lock, so saves arrive in the order the changes happened; a restarted
+// coordinator passes what was saved back as Config::restored (see RestoredAfterRestart).
+//
 // Lifetime: Create() returns an owned table; the clock must outlive it.
-// Thread-safety: all methods are safe to call concurrently.
+// Thread-safety: all methods are safe to call concurrently; on_change must not call the table.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +33,24 @@ namespace meshrun::coordinator {
 const char* JobStateName(v1::JobState state);
 bool IsFinal(v1::JobState state);
 
+// A saved manifest as a restarted coordinator takes it back at `now`: a RUNNING job stays
+// RUNNING (its workers go on and report to the new coordinator); a job still PENDING,
+// ASSIGNED or LOADING FAILED, since its launch died with the old coordinator.
+v1::JobManifest RestoredAfterRestart(v1::JobManifest job, absl::Time now);
+
 class JobTable {
  public:
   struct Config {
     Clock* clock = &RealClock();
     int64_t first_id = 1;  // ids are job-<first_id>, ...: past those a restart still knows of
+    // Jobs from before a restart (RestoredAfterRestart), in any order; new ids continue after
+    // theirs.
+    std::vector<v1::JobManifest> restored;
+    // Called with a job's manifest after each change; may be empty.
+    std::function<void(const v1::JobManifest&)> on_change;
   };
 
-  // Errors: INVALID_ARGUMENT when the clock is null.
+  // Errors: INVALID_ARGUMENT when the clock is null or a restored job has no "job-<n>" id.
   static absl::StatusOr<std::unique_ptr<JobTable>> Create(Config config);
 
   // Records a new PENDING job and returns its id.
@@ -68,9 +82,10 @@ class JobTable {
                                             const std::string& error);
 
  private:
-  explicit JobTable(Config config) : config_(config), next_id_(config.first_id) {}
+  explicit JobTable(Config config) : config_(std::move(config)), next_id_(config_.first_id) {}
   absl::Status TransitionLocked(v1::JobManifest& job, v1::JobState to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChangedLocked(const v1::JobManifest& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   mutable absl::Mutex mu_;

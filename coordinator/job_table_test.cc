@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <vector>
+
 namespace meshrun::coordinator {
 namespace {
 
@@ -85,6 +88,51 @@ TEST(JobTableTest, DeadWorkerFailsOnlyItsIncarnationsUnfinishedJobs) {
   EXPECT_EQ(table->Get(finished)->state(), v1::JOB_STATE_CANCELLED);
   ASSERT_EQ(table->List().size(), 3u);
   EXPECT_EQ(table->List()[0].job_id(), running);
+}
+
+TEST(JobTableTest, EveryChangeIsSavedAndARestartTakesTheJobsBack) {
+  FakeClock clock;
+  std::map<std::string, v1::JobManifest> saved;
+  int saves = 0;
+  auto table = *JobTable::Create({.clock = &clock, .on_change = [&](const v1::JobManifest& job) {
+                                    saved[job.job_id()] = job;
+                                    ++saves;
+                                  }});
+  const std::string running = table->Add(v1::JobSpec());
+  const std::string loading = table->Add(v1::JobSpec());
+  const std::string done = table->Add(v1::JobSpec());
+  for (v1::JobState state : {v1::JOB_STATE_ASSIGNED, v1::JOB_STATE_LOADING, v1::JOB_STATE_RUNNING}) {
+    ASSERT_TRUE(table->Transition(running, state).ok());
+  }
+  ASSERT_TRUE(table->Transition(loading, v1::JOB_STATE_ASSIGNED).ok());
+  ASSERT_TRUE(table->Transition(loading, v1::JOB_STATE_LOADING).ok());
+  ASSERT_TRUE(table->Update(running, [](v1::JobManifest& m) { m.set_last_step(7); }).ok());
+  ASSERT_TRUE(table->Fail(done, "host-a", "boom").ok());
+  EXPECT_EQ(saves, 3 + 3 + 2 + 1 + 1);
+  EXPECT_EQ(saved[running].last_step(), 7);
+  EXPECT_FALSE(table->Transition(done, v1::JOB_STATE_RUNNING).ok());  // refused: nothing saved
+  EXPECT_EQ(saves, 10);
+
+  // The restart: the running job goes on, the interrupted launch fails, ids continue.
+  clock.Advance(absl::Minutes(1));
+  std::vector<v1::JobManifest> restored;
+  for (const auto& [id, job] : saved) restored.push_back(RestoredAfterRestart(job, clock.Now()));
+  auto again = *JobTable::Create({.clock = &clock, .restored = restored});
+  EXPECT_EQ(again->Get(running)->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(again->Get(running)->last_step(), 7);
+  EXPECT_EQ(again->Get(loading)->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(again->Get(loading)->error(),
+            "the coordinator restarted while the job was LOADING; resubmit it");
+  EXPECT_EQ(again->Get(done)->error(), "boom");
+  ASSERT_EQ(again->List().size(), 3u);
+  EXPECT_EQ(again->List()[0].job_id(), running);  // submission order
+  EXPECT_EQ(again->Add(v1::JobSpec()), "job-4");
+  EXPECT_TRUE(again->Transition(running, v1::JOB_STATE_SUCCEEDED).ok());
+
+  v1::JobManifest bad;
+  bad.set_job_id("elsewhere-1");
+  EXPECT_EQ(JobTable::Create({.clock = &clock, .restored = {bad}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -558,8 +560,43 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
       first_id = std::max(first_id, n + 1);
     }
   }
+  // The job table is kept in the same database: a restart forgets no job.
+  telemetry::HistoryStore* history = &server->telemetry_->history();
+  std::vector<v1::JobManifest> restored;
+  ASSIGN_OR_RETURN(auto saved, history->SavedJobs());
+  for (const auto& [id, bytes] : saved) {
+    v1::JobManifest job;
+    if (!job.ParseFromString(bytes)) {
+      spdlog::error("saved job {} does not parse; it is left out", id);
+      continue;
+    }
+    job = coordinator::RestoredAfterRestart(std::move(job), config.clock->Now());
+    if (job.state() == v1::JOB_STATE_RUNNING) server->restored_running_.push_back(id);
+    restored.push_back(std::move(job));
+  }
   ASSIGN_OR_RETURN(server->jobs_,
-                   coordinator::JobTable::Create({.clock = config.clock, .first_id = first_id}));
+                   coordinator::JobTable::Create(
+                       {.clock = config.clock,
+                        .first_id = first_id,
+                        .restored = restored,
+                        .on_change = [history](const v1::JobManifest& job) {
+                          absl::Status saved =
+                              history->SaveJob(job.job_id(), WithoutPrograms(job).SerializeAsString());
+                          if (!saved.ok()) {
+                            spdlog::error("job {} not saved: {}", job.job_id(), saved.ToString());
+                          }
+                        }}));
+  // Restored jobs as they are now (the unfinished launches just failed).
+  for (const v1::JobManifest& job : restored) {
+    history->SaveJob(job.job_id(), job.SerializeAsString()).IgnoreError();
+  }
+  if (!restored.empty()) {
+    spdlog::info("restored {} jobs ({} running; their workers have {} to come back)",
+                 restored.size(), server->restored_running_.size(),
+                 absl::FormatDuration(2 * config.heartbeat_timeout));
+  }
+  server->clock_ = config.clock;
+  server->restored_check_at_ = config.clock->Now() + 2 * config.heartbeat_timeout;
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
                           .jobs = server->jobs_.get(),
@@ -598,7 +635,31 @@ void CoordinatorServer::SweepLiveness() {
                    dead.info.incarnation, dead.state_reason);
       launcher_->OnWorkerDead(dead);
     }
+    CheckRestoredJobs();
   }
+}
+
+void CoordinatorServer::CheckRestoredJobs() {
+  if (restored_running_.empty() || clock_->Now() < restored_check_at_) return;
+  std::set<std::pair<std::string, std::string>> alive;  // (host, incarnation)
+  for (const coordinator::WorkerEntry& entry : registry_->List()) {
+    if (entry.state == coordinator::WorkerState::kAlive) {
+      alive.emplace(entry.info.host, entry.info.incarnation);
+    }
+  }
+  for (const std::string& id : restored_running_) {
+    absl::StatusOr<v1::JobManifest> job = jobs_->Get(id);
+    if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING) continue;
+    for (const auto& [host, incarnation] : job->host_incarnations()) {
+      if (alive.contains({host, incarnation})) continue;
+      launcher_->Fail(id, host,
+                      absl::StrCat("worker ", host, " (incarnation ", incarnation,
+                                   ") did not come back after the coordinator restarted"))
+          .IgnoreError();
+      break;
+    }
+  }
+  restored_running_.clear();
 }
 
 void CoordinatorServer::Drain(absl::Duration deadline) {

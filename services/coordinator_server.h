@@ -132,6 +132,9 @@ class CoordinatorServer {
   class WatchReactor;
   CoordinatorServer() = default;
   void SweepLiveness();
+  // Once the workers had time to come back after a restart: fails each job restored RUNNING
+  // whose workers did not re-register, naming them.
+  void CheckRestoredJobs();
 
   std::unique_ptr<coordinator::WorkerRegistry> registry_;
   std::unique_ptr<coordinator::KeyValueStore> kv_;
@@ -148,6 +151,10 @@ class CoordinatorServer {
   std::unique_ptr<HttpServer> http_;
   absl::Notification stop_sweeper_;
   std::thread sweeper_;
+  // Jobs restored RUNNING after a restart, checked once at restored_check_at_ (sweeper only).
+  std::vector<std::string> restored_running_;
+  absl::Time restored_check_at_;
+  Clock* clock_ = &RealClock();
   std::atomic<bool> drained_{false};
 };
 

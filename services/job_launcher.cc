@@ -30,12 +30,8 @@ void JobLauncher::Launch(const std::string& job_id) {
     absl::Status status = RunLaunch(job_id);
     if (!status.ok()) {
       absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
-      const std::string host = job.ok() ? job->failed_host() : "";
-      if (config_.jobs->Fail(job_id, host, std::string(status.message())).ok()) {
-        spdlog::warn("job {} FAILED: {}", job_id, status.ToString());
-        if (job.ok()) StopWorkers(*job);
-      }
-      Finished(job_id);
+      Fail(job_id, job.ok() ? job->failed_host() : "", std::string(status.message()))
+          .IgnoreError();  // the job already ended (cancelled meanwhile)
     }
   });
 }
@@ -374,6 +370,16 @@ void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
     }
     Finished(job_id);
   }
+}
+
+absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& host,
+                               const std::string& error) {
+  RETURN_IF_ERROR(config_.jobs->Fail(job_id, host, error));
+  spdlog::warn("job {} FAILED: {}", job_id, error);
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  StopWorkers(job);
+  Finished(job_id);
+  return absl::OkStatus();
 }
 
 void JobLauncher::Finished(const std::string& job_id) {

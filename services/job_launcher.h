@@ -71,6 +71,10 @@ class JobLauncher {
   // job's other workers.
   void OnWorkerDead(const coordinator::WorkerEntry& dead);
 
+  // Fails an unfinished job naming `host` and `error`, stops its workers and ends its
+  // telemetry. Errors: as JobTable::Fail.
+  absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
+
  private:
   absl::Status RunLaunch(const std::string& job_id);
   // Sends `host` every executable it does not hold (one retry after a corrupt transfer) and

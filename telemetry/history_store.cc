@@ -70,6 +70,9 @@ CREATE TABLE IF NOT EXISTS host_progress(
 CREATE TABLE IF NOT EXISTS collecting(
   job_id TEXT PRIMARY KEY,
   setup BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS job_manifests(
+  job_id TEXT PRIMARY KEY,
+  manifest BLOB NOT NULL) WITHOUT ROWID;
 )sql";
 
 absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
@@ -661,8 +664,25 @@ absl::Status HistoryStore::ClearCollecting(const std::string& job_id) {
 }
 
 absl::StatusOr<std::map<std::string, std::string>> HistoryStore::Collecting() const {
+  return BlobsByJob("SELECT job_id, setup FROM collecting");
+}
+
+absl::Status HistoryStore::SaveJob(const std::string& job_id, const std::string& manifest) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock l(&mu_);
-  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT job_id, setup FROM collecting"));
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "INSERT OR REPLACE INTO job_manifests(job_id, "
+                                                 "manifest) VALUES (?1, ?2)"));
+  return stmt.Bind(1, job_id).BindBlob(2, manifest).Run();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> HistoryStore::SavedJobs() const {
+  return BlobsByJob("SELECT job_id, manifest FROM job_manifests");
+}
+
+absl::StatusOr<std::map<std::string, std::string>> HistoryStore::BlobsByJob(
+    const char* query) const {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, query));
   std::map<std::string, std::string> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, stmt.Step());

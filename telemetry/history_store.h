@@ -162,6 +162,12 @@ class HistoryStore {
   // Every collecting job's setup, by job_id.
   absl::StatusOr<std::map<std::string, std::string>> Collecting() const;
 
+  // The coordinator's job table, kept across restarts: a job's serialized manifest replaces
+  // the one saved before. Errors: INVALID_ARGUMENT (empty job_id), the database's.
+  absl::Status SaveJob(const std::string& job_id, const std::string& manifest);
+  // Every saved manifest, by job_id.
+  absl::StatusOr<std::map<std::string, std::string>> SavedJobs() const;
+
   // Every job with history, by job_id.
   absl::StatusOr<std::vector<JobInfo>> ListJobs() const;
 
@@ -175,6 +181,8 @@ class HistoryStore {
   absl::Status EnsureJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status JobExistsLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (job_id, blob) rows of `query`, by job_id.
+  absl::StatusOr<std::map<std::string, std::string>> BlobsByJob(const char* query) const;
   absl::StatusOr<int64_t> LatestStepLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::map<std::string, int64_t>> SeriesLocked(const std::string& job_id) const

@@ -6,7 +6,11 @@
 #      was not acknowledged, and the job's telemetry resumes;
 #   3. a watch reconnecting with --since_step=<last seen + 1> continues with no gap and no
 #      duplicate, to the end of the job (which ends the stream);
-#   4. the history (export jsonl) holds every step of the job exactly once, none partial.
+#   4. the history (export jsonl) holds every step of the job exactly once, none partial;
+#   5. the job itself survived: the restarted coordinator knows it and it ends SUCCEEDED with
+#      the worker's report; a job submitted now gets the next id;
+#   6. a running job whose worker dies with the coordinator FAILS after the restart, naming it,
+#      once the worker has had 2 heartbeat timeouts to come back.
 # (Steps half reported by several hosts at the crash: coordinator_telemetry_test.)
 # Usage: coordinator_kill_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
@@ -18,8 +22,8 @@ source "$(dirname "$0")/cluster_lib.sh"
 
 steps=${COORDINATOR_KILL_STEPS:-6000}
 cadence=20
-start_coordinator() {
-  "$bin/meshrun-coordinator" --listen="127.0.0.1:$1" --state_dir="$tmp/coordinator" \
+start_coordinator() {  # port, log number, flags...
+  "$bin/meshrun-coordinator" --listen="127.0.0.1:$1" --state_dir="$tmp/coordinator" "${@:3}" \
     >"$tmp/coordinator-$2.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
   await_coordinator "$tmp/coordinator-$2.log"
@@ -30,7 +34,7 @@ rows() { awk '$1 ~ /^[0-9]+$/ {print $1}' "$1"; }
 start_coordinator 0 1
 "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
-pids+=($!)
+worker=$!; pids+=("$worker")
 cli workers --expect=1 --wait=30s >/dev/null || fail "the worker did not register"
 
 job=$(cli submit "$bundle" --steps="$steps" --cadence=$cadence)
@@ -65,4 +69,25 @@ history=$(sed -n 's/^{"step":\([0-9]*\),.*/\1/p' "$tmp/history.jsonl")
 partial=$(grep -c '"partial":true' "$tmp/history.jsonl" || true)
 [ "$partial" -eq 0 ] || fail "$partial steps partial: $(grep '"partial":true' "$tmp/history.jsonl" | head -3)"
 grep -q "$job" "$tmp/coordinator-2.log" || fail "restart log does not name $job"
+
+# 5. The job table survived the kill too.
+for _ in $(seq 100); do
+  cli get "$job" >"$tmp/job.txt" 2>&1 || fail "the restarted coordinator lost $job: $(cat "$tmp/job.txt")"
+  grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" && break
+  sleep 0.1
+done
+grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "$job after the restart: $(cat "$tmp/job.txt")"
+next=$(cli submit "$bundle" --steps=1 --follow --wait=60s | field job_id)
+[ "$next" = "job-$(( ${job#job-} + 1 ))" ] || fail "a job submitted after the restart got id $next"
+
+# 6. The coordinator and the worker die together while a job runs; the worker stays away.
+lost=$(cli submit "$bundle" --steps=1000000 --cadence=1000)
+for _ in $(seq 300); do cli get "$lost" | grep -q "state: JOB_STATE_RUNNING" && break; sleep 0.1; done
+cli get "$lost" | grep -q "state: JOB_STATE_RUNNING" || fail "$lost did not start"
+kill -9 "$coordinator" "$worker"
+start_coordinator "$port" 3 --heartbeat_timeout=1s
+for _ in $(seq 100); do cli get "$lost" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
+cli get "$lost" >"$tmp/lost.txt"
+grep -q "error: \"worker worker-0 (incarnation .*) did not come back after the coordinator restarted\"" \
+  "$tmp/lost.txt" || fail "$lost after a restart without its worker: $(cat "$tmp/lost.txt")"
 echo "coordinator_kill_test: $(echo "$expected" | wc -l) steps, watch resumed after step $seen with no gap or duplicate; all checks passed"
