@@ -702,16 +702,24 @@ void WorkerServer::ReportOutcome(const std::string& job_id, const worker::LoopRe
   if (!uploader_->Flush(job_id, absl::Seconds(10))) {
     spdlog::warn("job {}: telemetry not all acknowledged before reporting the outcome", job_id);
   }
-  // The outcome must not be lost to a short outage: retry while the coordinator is unreachable.
-  for (int attempt = 0; attempt < 30 && !stop_loop_.HasBeenNotified(); ++attempt) {
+  // The outcome must not be lost to an outage: a restarted coordinator still knows the job and
+  // waits for it, so retry while the coordinator is unreachable, until this worker drains.
+  absl::Duration backoff = absl::Seconds(1);
+  for (int attempt = 0; !stop_loop_.HasBeenNotified(); ++attempt) {
     v1::ReportJobProgressResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
     grpc::Status status = coordinator_->ReportJobProgress(context.get(), request, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       if (!status.ok()) spdlog::warn("job {}: report refused: {}", job_id, status.error_message());
       return;
     }
-    stop_loop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+    if (attempt % 10 == 0) {
+      spdlog::warn("job {}: cannot report the outcome yet ({}); retrying", job_id,
+                   status.error_message());
+    }
+    stop_loop_.WaitForNotificationWithTimeout(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }
 
