@@ -36,7 +36,6 @@
 //
 // Usage: meshrun_step_loop_bench [--job mlp_classifier/dp8|transformer_lm/dp8] [--steps N]
 //                                [--rounds R] [--configs bare,loop_off,loop_c1,loop_c100]
-#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
@@ -52,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
 #include "worker/runtime/backends.h"
+#include "worker/runtime/pjrt/pjrt_runtime.h"
 #include "worker/runtime/compile_options.h"
 #include "worker/runtime/example_job.h"
 #include "worker/step_loop.h"
@@ -259,16 +259,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  const std::string plugin = runtime::DefaultPjrtPluginPath();
-  struct stat st;
-  if (stat(plugin.c_str(), &st) != 0) {
-    std::fprintf(stderr, "step_loop_bench: PJRT CPU plugin missing: %s (scripts/fetch_pjrt.sh)\n",
-                 plugin.c_str());
-    return 1;
-  }
-  runtime::RuntimeRegistry registry;
-  if (absl::Status s = runtime::RegisterRuntimes(registry); !s.ok()) return Fail("register", s);
-  auto rt = registry.Create("pjrt", {.plugin_path = plugin, .cpu_device_count = 8});
+  auto rt = runtime::PjrtRuntime::Create(
+      {.plugin_path = runtime::DefaultPjrtPluginPath(), .cpu_device_count = 8});
   if (!rt.ok()) return Fail("start runtime", rt.status());
   auto job = runtime::LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) + "/examples/" + job_name +
                                      "/job.json");

@@ -15,7 +15,6 @@
 //
 // Usage: meshrun_warm_start_bench [--job transformer_lm/dp8] [--rounds R]
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include "common/sha256.h"
 #include "worker/executable_store.h"
 #include "worker/runtime/backends.h"
+#include "worker/runtime/pjrt/pjrt_runtime.h"
 #include "worker/runtime/compile_options.h"
 #include "worker/runtime/example_job.h"
 
@@ -126,16 +126,8 @@ int main(int argc, char** argv) {
     }
   }
   if (rounds < 1) return 2;
-  const std::string plugin = runtime::DefaultPjrtPluginPath();
-  struct stat st;
-  if (stat(plugin.c_str(), &st) != 0) {
-    std::fprintf(stderr, "warm_start_bench: PJRT CPU plugin missing: %s (scripts/fetch_pjrt.sh)\n",
-                 plugin.c_str());
-    return 1;
-  }
-  runtime::RuntimeRegistry registry;
-  if (absl::Status s = runtime::RegisterRuntimes(registry); !s.ok()) return Fail("register", s);
-  auto rt = registry.Create("pjrt", {.plugin_path = plugin, .cpu_device_count = 8});
+  auto rt = runtime::PjrtRuntime::Create(
+      {.plugin_path = runtime::DefaultPjrtPluginPath(), .cpu_device_count = 8});
   if (!rt.ok()) return Fail("start runtime", rt.status());
   Runtime& runtime = **rt;
   auto job = runtime::LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) + "/examples/" + job_name +

@@ -439,6 +439,24 @@ absl::StatusOr<Replica> ReplicaOf(const v1::MeshAssignment& mesh, const std::str
                    absl::StrJoin(mesh.replica_hosts(), ", ")));
 }
 
+// Replica `replica.index`'s block of the rows of a global batch array.
+absl::StatusOr<runtime::HostArray> ReplicaRows(const runtime::HostArray& array, Replica replica,
+                                               const v1::DataSource& data) {
+  std::vector<std::string> rows(array.shape.dims.size(), "");
+  absl::StatusOr<runtime::HostArray> share = absl::InvalidArgumentError("a scalar has no rows");
+  if (!rows.empty()) {
+    rows[0] = "hosts";
+    share = runtime::ShardOf(array, rows, {"hosts"}, {replica.count}, replica.index);
+  }
+  if (!share.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.example_bundle ", data.example_bundle(),
+                                                   ": its batches do not split over ",
+                                                   replica.count, " hosts: ",
+                                                   share.status().message()));
+  }
+  return share;
+}
+
 // The step's batches from the job's data source. Token shards and synthetic tokens fill only
 // the rows of this host's mesh partitions (worker/batch_sources.h); a host replica takes its
 // share of the global batch.
@@ -458,17 +476,9 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
     // The bundle's batches are global: replica h takes block h of their rows.
     for (auto& batch : bundle.batches) {
       for (runtime::HostArray& array : batch) {
-        if (replica.count == 1) break;
-        std::vector<std::string> rows(array.shape.dims.size(), "");
-        if (!rows.empty()) rows[0] = "hosts";
-        absl::StatusOr<runtime::HostArray> share =
-            runtime::ShardOf(array, rows, {"hosts"}, {replica.count}, replica.index);
-        if (rows.empty() || !share.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "data.example_bundle ", data.example_bundle(), ": its batches do not split over ",
-              replica.count, " hosts", share.ok() ? "" : ": ", share.status().message()));
+        if (replica.count > 1) {
+          ASSIGN_OR_RETURN(array, ReplicaRows(array, replica, data));
         }
-        array = *std::move(share);
       }
     }
     return worker::MakeCycledBatches(std::move(bundle.batches));
