@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The main job: sets up, builds, starts a coordinator and two workers on loopback (8 CPU
-# devices each, XLA's CPU PJRT plugin), submits the byte-level transformer LM (SPMD over 8
-# devices) on real text (token shards of the fortunes corpus that setup wrote to .data/fortunes,
-# docs/data.md), prints its telemetry live (loss, grad norm, sink mass, step time), ends with the
-# job manifest and its data receipt, checks the loss fell at least 30% from its first value,
-# then drains the cluster with SIGTERM. The coordinator also serves the web dashboard and
+# The main job: sets up, builds, starts a coordinator and two workers on loopback (4 CPU
+# devices each, XLA's CPU PJRT plugin), submits the byte-level transformer LM across both
+# (host replicas: each runs a 4-device SPMD program on half of every batch, and they average
+# gradients with gloo each step; docs/multihost_cpu.md) on real text (token shards of the
+# fortunes corpus that setup wrote to .data/fortunes, docs/data.md), prints its telemetry live
+# (loss, grad norm, sink mass, step time), ends with the job manifest and its data receipt,
+# checks the loss fell at least 30% from its first value, then drains the cluster with SIGTERM. The coordinator also serves the web dashboard and
 # Prometheus /metrics on the printed URL (MESHRUN_DEMO_HTTP, default 127.0.0.1:0 = a free port).
 # MESHRUN_DEMO_STEPS sets the step count (default 800: about 3 minutes on 2 cores; the loss falls
 # about 39%); MESHRUN_DEMO_KEEP=1 keeps the cluster running until Ctrl-C.
@@ -33,16 +34,16 @@ echo "demo: coordinator on 127.0.0.1:$port (logs in $run)"
 echo "demo: dashboard at http://127.0.0.1:$http/  (Prometheus text at http://127.0.0.1:$http/metrics)"
 for w in 0 1; do
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
-    --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" --cpu_devices=8 \
+    --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" --cpu_devices=4 \
     >"$run/worker-$w.log" 2>&1 &
   pids+=($!)
 done
 "$bin/meshrun" health "127.0.0.1:$port"
 "$bin/meshrun" --coordinator="127.0.0.1:$port" workers --expect=2 --wait=30s
 cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
-job=$(cli submit "$root/examples/transformer_lm/dp8/job.json" --data="$root/.data/fortunes/*.tok" \
+job=$(cli submit "$root/examples/transformer_lm/dp4x2/job.json" --data="$root/.data/fortunes/*.tok" \
   --steps="${MESHRUN_DEMO_STEPS:-800}" --cadence=10)
-echo "demo: submitted $job (compiling once, then streaming the executable to a worker)"
+echo "demo: submitted $job (compiling once, then streaming the executables to both workers)"
 cli watch "$job" | tee "$run/telemetry.txt"
 echo "demo: manifest of $job"
 cli get "$job" | tee "$run/manifest.txt"
