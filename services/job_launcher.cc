@@ -326,13 +326,18 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
       return absl::OkStatus();
     case v1::JOB_STATE_FAILED:
     case v1::JOB_STATE_CANCELLED: {
-      const std::string error =
+      std::string host = report.host();
+      std::string error =
           report.state() == v1::JOB_STATE_FAILED ? report.error() : "stopped by the worker";
-      RETURN_IF_ERROR(config_.jobs->Fail(report.job_id(), report.host(), error));
-      spdlog::warn("job {} FAILED on {}: {}", report.job_id(), report.host(), error);
-      StopWorkers(job);
-      Finished(report.job_id());
-      return absl::OkStatus();
+      // A host that lost a peer (a cross-host all-reduce) reports first; blame the peer.
+      if (const std::string gone = report.state() == v1::JOB_STATE_FAILED
+                                       ? UnreachableHost(job, report.host())
+                                       : "";
+          !gone.empty()) {
+        error = absl::StrCat("worker ", gone, " is unreachable; ", host, " reported: ", error);
+        host = gone;
+      }
+      return Fail(report.job_id(), host, error);
     }
     case v1::JOB_STATE_SUCCEEDED: {
       bool all = false;
@@ -370,6 +375,22 @@ void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
     }
     Finished(job_id);
   }
+}
+
+std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::string& except) {
+  for (const WorkerEntry& entry : config_.registry->List()) {
+    auto it = job.host_incarnations().find(entry.info.host);
+    if (it == job.host_incarnations().end() || entry.info.host == except) continue;
+    if (it->second != entry.info.incarnation) return entry.info.host;  // restarted since
+    v1::GetStatusRequest request;
+    v1::WorkerStatusReport status;
+    auto context = ContextWithTimeout(absl::Seconds(1));
+    if (!WorkerStub(entry.info.address).GetStatus(context.get(), request, &status).ok() ||
+        status.incarnation() != it->second) {
+      return entry.info.host;
+    }
+  }
+  return "";
 }
 
 absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& host,

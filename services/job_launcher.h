@@ -89,6 +89,9 @@ class JobLauncher {
                                               const v1::Program& program,
                                               const std::string& compile_options);
   void StopWorkers(const v1::JobManifest& job);
+  // The first of the job's workers other than `except` that does not answer (1 s) as the
+  // incarnation the job runs on; "" when all do.
+  std::string UnreachableHost(const v1::JobManifest& job, const std::string& except);
   // Called once a job reached a final state: its telemetry ends after what is pending.
   void Finished(const std::string& job_id);
   v1::Worker::Stub& WorkerStub(const std::string& address);

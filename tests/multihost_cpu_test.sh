@@ -8,7 +8,8 @@
 #      both 4-device hosts run it on their halves of the global batch, and they average their
 #      gradients with gloo each step; the loss curve equals 1 x 8's within 1e-4 relative;
 #   4. transformer_moe/dp4x2 (2 micro-steps per step) on its bundle's batches matches JAX's
-#      two-host reference within 1e-4.
+#      two-host reference within 1e-4;
+#   5. a replica host killed mid-job: the job FAILS naming it, and nothing hangs.
 # Usage: multihost_cpu_test.sh <directory of the binaries> <source directory>
 # Exits 77 (skipped) when the fortunes text or the project's Python is absent.
 set -euo pipefail
@@ -25,13 +26,15 @@ source "$(dirname "$0")/cluster_lib.sh"
 "$python" "$src/examples/make_token_shards.py" --source="$text" --out="$tmp/shards" \
   --shard_tokens=3000 >/dev/null || fail "the shard script failed"
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
-  >"$tmp/coordinator.log" 2>&1 &
+  --heartbeat_timeout=3s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
+declare -A worker_pid
 start_worker() {  # host, worker index, CPU devices
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="$1" \
     --worker_index="$2" --cpu_devices="$3" --state_dir="$tmp/$1" >"$tmp/$1.log" 2>&1 &
   pids+=($!)
+  worker_pid[$1]=$!
 }
 start_worker host-a 0 4
 start_worker host-b 1 4
@@ -107,4 +110,17 @@ for step, loss in enumerate(json.load(open(sys.argv[1]))["loss"], 1):
 EOF
 compare "$tmp/reference.csv" "$tmp/bundle.csv" 20 "dp4x2 vs JAX's two-host reference" \
   || fail "dp4x2 does not match JAX"
+
+# 5. host-b dies mid-job: host-a's all-reduce loses its peer, the coordinator its heartbeats.
+job=$(cli submit "$lm/dp4x2/job.json" --steps=1000000 --cadence=10 --data="$tmp/shards/*.tok")
+cli watch "$job" --since_step=1 >"$tmp/watch.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch.txt" "^ *20 " || fail "the long job did not reach step 20"
+kill -9 "${worker_pid[host-b]}"
+for _ in $(seq 150); do cli get "$job" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
+cli get "$job" >"$tmp/killed.txt"
+grep -q "state: JOB_STATE_FAILED" "$tmp/killed.txt" || fail "not FAILED 15 s after host-b died"
+grep -q "host-b" <(grep "failed_host\|error" "$tmp/killed.txt") \
+  || fail "the failure does not name host-b: $(grep "failed_host\|error" "$tmp/killed.txt")"
+echo "host-b killed: $(grep "^error" "$tmp/killed.txt")"
 echo "multihost_cpu_test: all checks passed"
