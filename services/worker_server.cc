@@ -111,7 +111,8 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
                                                             chunk_.total_bytes()));
       fingerprint_ = chunk_.fingerprint();
     }
-    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.data()));
+    // The chunk's bytes go to the upload's writer thread; chunk_ gets a used buffer back.
+    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.mutable_data()));
     if (!chunk_.sha256().empty()) sha256_ = chunk_.sha256();
     return absl::OkStatus();
   }

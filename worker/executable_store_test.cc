@@ -59,5 +59,50 @@ TEST(ExecutableStoreTest, TruncatedCorruptOrDisorderedTransfersLeaveNothing) {
   EXPECT_EQ(store->Begin("not-a-sha", 3).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// More chunks than the upload queues, handed over by pointer: they are written in order and
+// each Append leaves the caller's string empty for the next chunk.
+TEST(ExecutableStoreTest, HandedOverChunksAreWrittenInOrder) {
+  auto store = NewStore("handover");
+  const int64_t chunk = ExecutableStore::kMaxChunkBytes;
+  std::string bytes;
+  for (int i = 0; i < 3 * ExecutableStore::Upload::kMaxQueuedChunks; ++i) {
+    bytes.append(static_cast<size_t>(chunk), static_cast<char>('a' + i));
+  }
+  bytes.append("tail");
+  const std::string fp = Sha256Hex(bytes);
+  auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+  std::string buffer;
+  for (size_t offset = 0; offset < bytes.size(); offset += static_cast<size_t>(chunk)) {
+    buffer.assign(bytes, offset, static_cast<size_t>(chunk));
+    ASSERT_TRUE(upload->Append(static_cast<int64_t>(offset), &buffer).ok());
+    EXPECT_TRUE(buffer.empty());
+  }
+  EXPECT_EQ(upload->received(), static_cast<int64_t>(bytes.size()));
+  ASSERT_TRUE(upload->Commit(fp).ok());
+  EXPECT_EQ(store->Read(fp).value(), bytes);
+  EXPECT_EQ(upload->Append(static_cast<int64_t>(bytes.size()), "").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(upload->Commit(fp).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// An upload dropped with chunks still queued (the stream broke) leaves no file at all.
+TEST(ExecutableStoreTest, AbandonedUploadLeavesNoFile) {
+  auto store = NewStore("abandoned");
+  const std::string dir = ::testing::TempDir() + "/executable_store_test/abandoned";
+  const std::string bytes(8 * ExecutableStore::kMaxChunkBytes, 'q');
+  const std::string fp = Sha256Hex(bytes);
+  {
+    auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+    for (int64_t offset = 0; offset < 6 * ExecutableStore::kMaxChunkBytes;
+         offset += ExecutableStore::kMaxChunkBytes) {
+      ASSERT_TRUE(upload->Append(offset, absl::string_view(bytes).substr(
+                                             offset, ExecutableStore::kMaxChunkBytes))
+                      .ok());
+    }
+  }
+  EXPECT_FALSE(store->Has(fp));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
 }  // namespace
 }  // namespace meshrun::worker
