@@ -82,7 +82,8 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
 };
 
 // Receives one executable: chunks go straight into an ExecutableStore upload, so nothing is
-// visible until the whole artifact arrived and matched its sha256.
+// visible until the whole artifact arrived and matched its sha256. The upload hashes and
+// writes on its own thread while the next chunks arrive.
 class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadExecutableChunk> {
  public:
   LoadReactor(WorkerServer* owner, v1::LoadExecutableResponse* response)
@@ -97,7 +98,9 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
       upload_.reset();
       return Finish(ToGrpcStatus(status));
     }
-    StartRead(&chunk_);
+    // Reads on while the upload has room; otherwise its writer thread resumes reading, so this
+    // gRPC thread never waits for the disk.
+    if (upload_->HasRoomOrNotify([this] { StartRead(&chunk_); })) StartRead(&chunk_);
   }
   void OnDone() override { delete this; }
 

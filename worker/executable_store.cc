@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -104,6 +105,7 @@ void ExecutableStore::Upload::WriteLoop() {
   // Writeback is started every this many bytes, so the disk works while chunks still arrive.
   constexpr int64_t kWritebackBytes = 8 << 20;
   int64_t written = 0, flushed = 0;
+  std::function<void()> wake;
   for (;;) {
     std::string data;
     {
@@ -112,7 +114,10 @@ void ExecutableStore::Upload::WriteLoop() {
       if (queue_.empty()) return;  // closing
       data = std::move(queue_.front());
       queue_.pop_front();
+      wake = std::move(wake_);
+      wake_ = nullptr;
     }
+    if (wake) std::exchange(wake, nullptr)();  // room again: the caller can receive meanwhile
     absl::Status status;
     for (size_t done = 0; done < data.size();) {
       const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
@@ -125,9 +130,14 @@ void ExecutableStore::Upload::WriteLoop() {
       done += static_cast<size_t>(n);
     }
     if (!status.ok()) {
-      absl::MutexLock lock(&mu_);
-      write_status_ = std::move(status);
-      queue_.clear();
+      {
+        absl::MutexLock lock(&mu_);
+        write_status_ = std::move(status);
+        queue_.clear();
+        wake = std::move(wake_);
+        wake_ = nullptr;
+      }
+      if (wake) wake();  // the next Append reports the error
       return;
     }
     hasher_.Update(data);
@@ -183,6 +193,13 @@ absl::Status ExecutableStore::Upload::Append(int64_t offset, std::string* data) 
     spare_.pop_back();
   }
   return absl::OkStatus();
+}
+
+bool ExecutableStore::Upload::HasRoomOrNotify(std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (HasRoom()) return true;
+  wake_ = std::move(wake);
+  return false;
 }
 
 absl::Status ExecutableStore::Upload::Commit(const std::string& sha256) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,6 +44,10 @@ class ExecutableStore {
     // holding a buffer of an earlier chunk when one is free, so that refilling it (the next
     // message parsed into it) need not allocate and fault in fresh memory.
     absl::Status Append(int64_t offset, std::string* data);
+    // Whether Append can queue another chunk without waiting. If not, `wake` runs once, on the
+    // upload's thread, as soon as it can (or a write failed), so an asynchronous caller can
+    // stop receiving meanwhile instead of blocking its thread.
+    bool HasRoomOrNotify(std::function<void()> wake);
     // Waits for the queued chunks, verifies the length and both digests (announced `sha256`
     // and the fingerprint), fsyncs the file, renames it into place and fsyncs the directory,
     // so an acknowledged executable survives a crash. Call at most once.
@@ -75,6 +80,7 @@ class ExecutableStore {
     std::vector<std::string> spare_ ABSL_GUARDED_BY(mu_);  // written chunks' buffers, for reuse
     bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more chunks: finish the queue and exit
     absl::Status write_status_ ABSL_GUARDED_BY(mu_);
+    std::function<void()> wake_ ABSL_GUARDED_BY(mu_);  // from HasRoomOrNotify
     Sha256 hasher_;  // the writer thread's until it has exited
     std::thread writer_;
   };

@@ -4,6 +4,9 @@
 
 #include <filesystem>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
 namespace meshrun::worker {
 namespace {
 
@@ -59,8 +62,9 @@ TEST(ExecutableStoreTest, TruncatedCorruptOrDisorderedTransfersLeaveNothing) {
   EXPECT_EQ(store->Begin("not-a-sha", 3).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// More chunks than the upload queues, handed over by pointer: they are written in order and
-// each Append leaves the caller's string empty for the next chunk.
+// More chunks than the upload queues, handed over by pointer the way the worker's gRPC
+// handler does (appending only when HasRoomOrNotify says so or has woken it): they are written
+// in order and each Append leaves the caller's string empty for the next chunk.
 TEST(ExecutableStoreTest, HandedOverChunksAreWrittenInOrder) {
   auto store = NewStore("handover");
   const int64_t chunk = ExecutableStore::kMaxChunkBytes;
@@ -76,6 +80,11 @@ TEST(ExecutableStoreTest, HandedOverChunksAreWrittenInOrder) {
     buffer.assign(bytes, offset, static_cast<size_t>(chunk));
     ASSERT_TRUE(upload->Append(static_cast<int64_t>(offset), &buffer).ok());
     EXPECT_TRUE(buffer.empty());
+    absl::Notification room;
+    if (!upload->HasRoomOrNotify([&room] { room.Notify(); })) {
+      ASSERT_TRUE(room.WaitForNotificationWithTimeout(absl::Seconds(30)))
+          << "the upload never made room";
+    }
   }
   EXPECT_EQ(upload->received(), static_cast<int64_t>(bytes.size()));
   ASSERT_TRUE(upload->Commit(fp).ok());
