@@ -162,14 +162,19 @@ CachedExecutable::CachedExecutable(std::string key, std::string sha256, uint64_t
       file_(std::move(file)) {}
 
 absl::StatusOr<std::string> CachedExecutable::ReadAt(uint64_t offset, size_t max_bytes) const {
+  std::string out;
+  RETURN_IF_ERROR(ReadAt(offset, max_bytes, &out));
+  return out;
+}
+
+absl::Status CachedExecutable::ReadAt(uint64_t offset, size_t max_bytes, std::string* out) const {
   if (offset > size_) {
     return absl::OutOfRangeError(
         absl::StrCat("offset ", offset, " is past the end of a ", size_, "-byte executable"));
   }
   const size_t n = static_cast<size_t>(std::min<uint64_t>(max_bytes, size_ - offset));
-  std::string out(n, '\0');
-  RETURN_IF_ERROR(PreadFull(file_->fd, out.data(), n, offset));
-  return out;
+  out->resize(n);
+  return PreadFull(file_->fd, out->data(), n, offset);
 }
 
 absl::StatusOr<std::string> CachedExecutable::ReadAll() const {

@@ -25,7 +25,7 @@ struct TransferOptions {
 
 // Errors: the worker's (INVALID_ARGUMENT bad chunk, DATA_LOSS truncated or corrupt: nothing
 // kept, ALREADY_EXISTS it holds the executable); UNAVAILABLE / DEADLINE_EXCEEDED; the cache's
-// read errors (the entry's file is damaged).
+// read errors (the entry's file is damaged); INVALID_ARGUMENT chunk_bytes 0.
 absl::Status SendExecutable(v1::Worker::Stub& worker, const coordinator::CachedExecutable& executable,
                             const TransferOptions& options = {});
 

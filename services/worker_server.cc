@@ -83,7 +83,8 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
 };
 
 // Receives one executable: chunks go straight into an ExecutableStore upload, so nothing is
-// visible until the whole artifact arrived and matched its sha256.
+// visible until the whole artifact arrived and matched its sha256. The upload hashes and
+// writes on its own thread while the next chunks arrive.
 class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadExecutableChunk> {
  public:
   LoadReactor(WorkerServer* owner, v1::LoadExecutableResponse* response)
@@ -98,7 +99,9 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
       upload_.reset();
       return Finish(ToGrpcStatus(status));
     }
-    StartRead(&chunk_);
+    // Reads on while the upload has room; otherwise its writer thread resumes reading, so this
+    // gRPC thread never waits for the disk.
+    if (upload_->HasRoomOrNotify([this] { StartRead(&chunk_); })) StartRead(&chunk_);
   }
   void OnDone() override { delete this; }
 
@@ -112,7 +115,8 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
                                                             chunk_.total_bytes()));
       fingerprint_ = chunk_.fingerprint();
     }
-    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.data()));
+    // The chunk's bytes go to the upload's writer thread; chunk_ gets a used buffer back.
+    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.mutable_data()));
     if (!chunk_.sha256().empty()) sha256_ = chunk_.sha256();
     return absl::OkStatus();
   }

@@ -4,6 +4,9 @@
 
 #include <filesystem>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
 namespace meshrun::worker {
 namespace {
 
@@ -57,6 +60,57 @@ TEST(ExecutableStoreTest, TruncatedCorruptOrDisorderedTransfersLeaveNothing) {
   EXPECT_FALSE(store->Has(fp));
   EXPECT_TRUE(store->Fingerprints().empty());
   EXPECT_EQ(store->Begin("not-a-sha", 3).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// More chunks than the upload queues, handed over by pointer the way the worker's gRPC
+// handler does (appending only when HasRoomOrNotify says so or has woken it): they are written
+// in order and each Append leaves the caller's string empty for the next chunk.
+TEST(ExecutableStoreTest, HandedOverChunksAreWrittenInOrder) {
+  auto store = NewStore("handover");
+  const int64_t chunk = ExecutableStore::kMaxChunkBytes;
+  std::string bytes;
+  for (int i = 0; i < 3 * ExecutableStore::Upload::kMaxQueuedChunks; ++i) {
+    bytes.append(static_cast<size_t>(chunk), static_cast<char>('a' + i));
+  }
+  bytes.append("tail");
+  const std::string fp = Sha256Hex(bytes);
+  auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+  std::string buffer;
+  for (size_t offset = 0; offset < bytes.size(); offset += static_cast<size_t>(chunk)) {
+    buffer.assign(bytes, offset, static_cast<size_t>(chunk));
+    ASSERT_TRUE(upload->Append(static_cast<int64_t>(offset), &buffer).ok());
+    EXPECT_TRUE(buffer.empty());
+    absl::Notification room;
+    if (!upload->HasRoomOrNotify([&room] { room.Notify(); })) {
+      ASSERT_TRUE(room.WaitForNotificationWithTimeout(absl::Seconds(30)))
+          << "the upload never made room";
+    }
+  }
+  EXPECT_EQ(upload->received(), static_cast<int64_t>(bytes.size()));
+  ASSERT_TRUE(upload->Commit(fp).ok());
+  EXPECT_EQ(store->Read(fp).value(), bytes);
+  EXPECT_EQ(upload->Append(static_cast<int64_t>(bytes.size()), "").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(upload->Commit(fp).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// An upload dropped with chunks still queued (the stream broke) leaves no file at all.
+TEST(ExecutableStoreTest, AbandonedUploadLeavesNoFile) {
+  auto store = NewStore("abandoned");
+  const std::string dir = ::testing::TempDir() + "/executable_store_test/abandoned";
+  const std::string bytes(8 * ExecutableStore::kMaxChunkBytes, 'q');
+  const std::string fp = Sha256Hex(bytes);
+  {
+    auto upload = store->Begin(fp, static_cast<int64_t>(bytes.size())).value();
+    for (int64_t offset = 0; offset < 6 * ExecutableStore::kMaxChunkBytes;
+         offset += ExecutableStore::kMaxChunkBytes) {
+      ASSERT_TRUE(upload->Append(offset, absl::string_view(bytes).substr(
+                                             offset, ExecutableStore::kMaxChunkBytes))
+                      .ok());
+    }
+  }
+  EXPECT_FALSE(store->Has(fp));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
 }
 
 }  // namespace
