@@ -330,7 +330,8 @@ class CoordinatorServer::UploadReactor final
 };
 
 // A dashboard's watch: summaries from the hub's bounded per-watcher queue, one write in
-// flight; the hub wakes the reactor when more arrive.
+// flight. Once the queue ran empty, the hub's notifier thread wakes the reactor when more
+// arrive; otherwise each OnWriteDone pulls the next on gRPC's own threads.
 class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
  public:
   explicit WatchReactor(std::shared_ptr<telemetry::Watcher> watcher)
@@ -365,9 +366,9 @@ class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1
     telemetry::Watcher::PopResult next = watcher_->TryPop();
     switch (next.kind) {
       case telemetry::Watcher::Kind::kItem:
-        out_ = std::move(next.summary);
+        out_ = std::move(next.summary);  // shared with other watchers: never mutated
         writing_ = true;
-        StartWrite(&out_);
+        StartWrite(out_.get());
         return;
       case telemetry::Watcher::Kind::kEmpty:
         return;
@@ -383,7 +384,7 @@ class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1
 
   std::shared_ptr<telemetry::Watcher> watcher_;
   absl::Mutex mu_;
-  v1::GlobalSummary out_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1::GlobalSummary> out_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -88,7 +88,7 @@ class WatchHubTest : public ::testing::Test {
                       << result.status;
         break;
       }
-      steps.push_back(result.summary.step());
+      steps.push_back(result.summary->step());
     }
     return steps;
   }
@@ -129,20 +129,22 @@ TEST_F(WatchHubTest, BackfillThenLiveWithNotification) {
   EXPECT_EQ(empty.kind, Kind::kEmpty);
   EXPECT_EQ(notified.load(), 0);
   Commit("job-1", 11);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 1);  // once per kEmpty
   Commit("job-1", 12);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 1);
   auto item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 11);
-  EXPECT_EQ(item.summary.host_detail_size(), 0);  // not asked for
-  EXPECT_EQ(item.summary.values_size(), 2);
+  EXPECT_EQ(item.summary->step(), 11);
+  EXPECT_EQ(item.summary->host_detail_size(), 0);  // not asked for
+  EXPECT_EQ(item.summary->values_size(), 2);
   EXPECT_EQ(watcher->resume_step(), 12);
   ASSERT_TRUE(hub_->EndJob("job-1").ok());
   // End of stream only after what was published before the end is delivered.
   item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 12);
+  EXPECT_EQ(item.summary->step(), 12);
   auto end = watcher->TryPop();
   EXPECT_EQ(end.kind, Kind::kEnd);
   EXPECT_TRUE(end.status.ok()) << end.status;
@@ -162,12 +164,12 @@ TEST_F(WatchHubTest, NamesAndHostDetail) {
   for (int64_t step : {1, 2}) {  // one from history, one live: shaped the same
     auto item = watcher->Pop(absl::Seconds(10));
     ASSERT_EQ(item.kind, Kind::kItem);
-    EXPECT_EQ(item.summary.step(), step);
-    ASSERT_EQ(item.summary.values_size(), 1);
-    EXPECT_EQ(item.summary.values(0).name(), "grad_norm");
-    ASSERT_EQ(item.summary.host_detail_size(), 1);
-    ASSERT_EQ(item.summary.host_detail(0).values_size(), 1);
-    EXPECT_EQ(item.summary.host_detail(0).values(0).name(), "grad_norm");
+    EXPECT_EQ(item.summary->step(), step);
+    ASSERT_EQ(item.summary->values_size(), 1);
+    EXPECT_EQ(item.summary->values(0).name(), "grad_norm");
+    ASSERT_EQ(item.summary->host_detail_size(), 1);
+    ASSERT_EQ(item.summary->host_detail(0).values_size(), 1);
+    EXPECT_EQ(item.summary->host_detail(0).values(0).name(), "grad_norm");
   }
 }
 
@@ -265,6 +267,7 @@ TEST_F(WatchHubTest, OverflowNamesTheResumeStepAndResubscribingLosesNothing) {
   EXPECT_EQ(waiting->TryPop().kind, Kind::kEmpty);
   const int before = notified.load();
   for (int step = 10; step <= 15; ++step) Commit("job-1", step);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), before + 1);
 }
 
@@ -311,10 +314,11 @@ TEST_F(WatchHubTest, ClearedNotifyNeverRunsAgain) {
   EXPECT_EQ(watcher->TryPop().kind, Kind::kEmpty);
   watcher->SetNotify(nullptr);  // what a reactor does in OnDone
   Commit("job-1", 1);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 0);
   auto item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 1);
+  EXPECT_EQ(item.summary->step(), 1);
 }
 
 TEST_F(WatchHubTest, CloseDrainsThenEndsWithOk) {
@@ -401,9 +405,9 @@ TEST_F(WatchHubTest, CombinerHistoryHubPipeline) {
   for (int64_t step = 1; step <= 3; ++step) {
     auto item = watcher->Pop(absl::Seconds(10));
     ASSERT_EQ(item.kind, Kind::kItem);
-    EXPECT_EQ(item.summary.step(), step);
-    EXPECT_FLOAT_EQ(item.summary.values(0).values(0), step == 3 ? 1.0f : 2.0f);
-    EXPECT_EQ(item.summary.partial(), step == 3);
+    EXPECT_EQ(item.summary->step(), step);
+    EXPECT_FLOAT_EQ(item.summary->values(0).values(0), step == 3 ? 1.0f : 2.0f);
+    EXPECT_EQ(item.summary->partial(), step == 3);
   }
   EXPECT_EQ(history_->LatestStep("job-1").value(), 3);
   EXPECT_EQ(history_->PersistedThroughStep("job-1", "h1").value(), 3);
