@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "telemetry/step_combiner.h"
 
 namespace meshrun::telemetry {
@@ -319,6 +320,58 @@ TEST_F(WatchHubTest, ClearedNotifyNeverRunsAgain) {
   auto item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
   EXPECT_EQ(item.summary->step(), 1);
+}
+
+// Callbacks run on the hub's notifier thread: a callback that takes its time (here: blocks
+// until released) holds up neither Publish nor the other watchers' queues.
+TEST_F(WatchHubTest, NotifyRunsOffThePublisherThread) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  auto watcher = Subscribe("job-1", 0);
+  absl::Notification release;
+  std::atomic<int> notified{0};
+  std::thread::id notify_thread;
+  watcher->SetNotify([&] {
+    notify_thread = std::this_thread::get_id();
+    notified++;
+    release.WaitForNotificationWithTimeout(absl::Seconds(10));
+  });
+  auto other = Subscribe("job-1", 0);
+  EXPECT_EQ(watcher->TryPop().kind, Kind::kEmpty);
+  for (int step = 1; step <= 3; ++step) Commit("job-1", step);  // returns while it blocks
+  EXPECT_EQ(PopSteps(*other, 3), Range(1, 3));
+  release.Notify();
+  hub_->FlushNotifications();
+  EXPECT_EQ(notified.load(), 1);
+  EXPECT_NE(notify_thread, std::this_thread::get_id());
+  EXPECT_EQ(PopSteps(*watcher, 3), Range(1, 3));
+}
+
+// Watchers without a names filter get the same immutable copy of a summary; host_detail and
+// names still shape each watcher's view.
+TEST_F(WatchHubTest, WatchersWithoutNamesShareOneCopy) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  auto a = Subscribe("job-1", 0);
+  auto b = Subscribe("job-1", 0);
+  auto detail = hub_->Subscribe({.job_id = "job-1", .host_detail = true}).value();
+  auto named = hub_->Subscribe({.job_id = "job-1", .names = {"loss"}}).value();
+  for (const auto& w : {a, b, detail, named}) EXPECT_EQ(w->TryPop().kind, Kind::kEmpty);
+  Commit("job-1", 1);
+  auto item_a = a->Pop(absl::Seconds(10));
+  auto item_b = b->Pop(absl::Seconds(10));
+  auto item_detail = detail->Pop(absl::Seconds(10));
+  auto item_named = named->Pop(absl::Seconds(10));
+  for (const auto* item : {&item_a, &item_b, &item_detail, &item_named}) {
+    ASSERT_EQ(item->kind, Kind::kItem);
+    EXPECT_EQ(item->summary->step(), 1);
+  }
+  EXPECT_EQ(item_a.summary.get(), item_b.summary.get());
+  EXPECT_EQ(item_a.summary->host_detail_size(), 0);
+  EXPECT_EQ(item_a.summary->values_size(), 2);
+  EXPECT_EQ(item_detail.summary->host_detail_size(), 1);
+  EXPECT_EQ(item_detail.summary->values_size(), 2);
+  ASSERT_EQ(item_named.summary->values_size(), 1);
+  EXPECT_EQ(item_named.summary->values(0).name(), "loss");
+  EXPECT_EQ(item_named.summary->host_detail_size(), 0);
 }
 
 TEST_F(WatchHubTest, CloseDrainsThenEndsWithOk) {
