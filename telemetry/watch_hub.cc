@@ -1,6 +1,7 @@
 #include "telemetry/watch_hub.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,11 +33,44 @@ void Watcher::Shape(v1::GlobalSummary& summary) const {
   }
 }
 
+Watcher::PopResult Watcher::TakeLiveLocked() {
+  while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
+  if (!live_.empty()) {
+    PopResult result{Kind::kItem, std::move(live_.front()), absl::OkStatus()};
+    live_.pop_front();
+    next_step_ = result.summary->step() + 1;
+    return result;
+  }
+  if (ended_) {
+    final_ = true;
+    final_status_ = end_status_;
+    return PopResult{Kind::kEnd, {}, final_status_};
+  }
+  armed_ = true;
+  return PopResult{};
+}
+
+Watcher::PopResult Watcher::ShapeLive(PopResult result) const {
+  if (result.kind == Kind::kItem && !names_.empty()) {  // copied and filtered outside mu_
+    auto shaped = std::make_shared<v1::GlobalSummary>(*result.summary);
+    Shape(*shaped);
+    result.summary = std::move(shaped);
+  }
+  return result;
+}
+
 Watcher::PopResult Watcher::TryPop() {
+  {
+    // Live with the history delivered (the usual case): no history read can be due, so the
+    // consumer lock is not needed.
+    absl::MutexLock l(&mu_);
+    if (final_) return PopResult{Kind::kEnd, {}, final_status_};
+    if (mode_ == Mode::kLive && backfill_.empty()) return ShapeLive(TakeLiveLocked());
+  }
   absl::MutexLock consumer(&pop_mu_);
   while (true) {
     int64_t from = 0;
-    std::shared_ptr<const v1::GlobalSummary> live_item;
+    std::optional<PopResult> live;
     {
       absl::MutexLock l(&mu_);
       if (final_) return PopResult{Kind::kEnd, {}, final_status_};
@@ -49,31 +83,12 @@ Watcher::PopResult Watcher::TryPop() {
                          absl::OkStatus()};
       }
       if (mode_ == Mode::kLive) {
-        while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
-        if (!live_.empty()) {
-          live_item = std::move(live_.front());
-          live_.pop_front();
-          next_step_ = live_item->step() + 1;
-        } else if (ended_) {
-          final_ = true;
-          final_status_ = end_status_;
-          return PopResult{Kind::kEnd, {}, final_status_};
-        } else {
-          armed_ = true;
-          return PopResult{};
-        }
+        live = TakeLiveLocked();
       } else {
         from = next_step_;
       }
     }
-    if (live_item != nullptr) {
-      if (!names_.empty()) {  // copied and filtered outside mu_
-        auto shaped = std::make_shared<v1::GlobalSummary>(*live_item);
-        Shape(*shaped);
-        live_item = std::move(shaped);
-      }
-      return PopResult{Kind::kItem, std::move(live_item), absl::OkStatus()};
-    }
+    if (live.has_value()) return ShapeLive(std::move(*live));
     // Backfilling: read one batch of history without holding mu_, so Publish never waits.
     HistoryStore::ReadRequest request;
     request.job_id = job_id_;

@@ -130,6 +130,10 @@ class Watcher {
 
   // Applies this watcher's names filter and host_detail choice.
   void Shape(v1::GlobalSummary& summary) const;
+  // In live mode: the next live item (not yet filtered by names), the end, or kEmpty (armed).
+  PopResult TakeLiveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Filters a live item by names (a copy; shared items are never changed).
+  PopResult ShapeLive(PopResult result) const;
   void AbortLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NotArmed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !armed_; }
