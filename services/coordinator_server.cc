@@ -360,21 +360,27 @@ class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1
 
  private:
   void Pump() {
-    absl::MutexLock lock(&mu_);
-    if (writing_ || finished_) return;
-    if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-    telemetry::Watcher::PopResult next = watcher_->TryPop();
-    switch (next.kind) {
-      case telemetry::Watcher::Kind::kItem:
-        out_ = std::move(next.summary);  // shared with other watchers: never mutated
-        writing_ = true;
-        StartWrite(out_.get());
-        return;
-      case telemetry::Watcher::Kind::kEmpty:
-        return;
-      case telemetry::Watcher::Kind::kEnd:
-        return FinishLocked(ToGrpcStatus(next.status));
+    const v1::GlobalSummary* write = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      telemetry::Watcher::PopResult next = watcher_->TryPop();
+      switch (next.kind) {
+        case telemetry::Watcher::Kind::kItem:
+          out_ = std::move(next.summary);  // shared with other watchers: never mutated
+          writing_ = true;
+          write = out_.get();
+          break;
+        case telemetry::Watcher::Kind::kEmpty:
+          return;
+        case telemetry::Watcher::Kind::kEnd:
+          return FinishLocked(ToGrpcStatus(next.status));
+      }
     }
+    // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
+    // finishes the stream until OnWriteDone.
+    StartWrite(write);
   }
   void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
