@@ -201,7 +201,7 @@ class HistoryStore {
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Statements prepared once per SQL text and reused: parsing costs more than running the
   // small statements of each append.
-  mutable std::map<std::string, history_internal::CachedStatement> statements_
+  std::map<std::string, history_internal::CachedStatement> statements_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -94,10 +94,10 @@ class Watcher {
   // kEmpty: once per kEmpty, on the hub's notifier thread (on the caller's for Close), with no
   // hub or queue lock held. It must be quick and must not block (it delays other watchers'
   // wake-ups) — e.g. start the one gRPC write in flight by calling TryPop — and must not call
-  // SetNotify. Set it before the first TryPop (right
-  // after Subscribe), or a wake-up may be lost. SetNotify waits for a running callback to
-  // return, so after SetNotify(nullptr) the old callback is not running and never runs again
-  // (a reactor calls it in OnDone before it is destroyed).
+  // SetNotify. Set it before the first TryPop (right after Subscribe), or a wake-up may be
+  // lost. SetNotify waits for a running callback to return, so after SetNotify(nullptr) the old
+  // callback is not running and never runs again (a reactor calls it in OnDone before it is
+  // destroyed).
   void SetNotify(std::function<void()> notify);
 
   // Ends the watcher with OK once it has delivered what is already queued.
@@ -206,6 +206,7 @@ class WatchHub {
   int WatcherCount(const std::string& job_id) const;
 
   // Waits until every notify callback due from calls that returned before this one has run.
+  // Not from a notify callback (it would wait for itself).
   void FlushNotifications() ABSL_LOCKS_EXCLUDED(wake_mu_);
 
  private:
@@ -222,7 +223,7 @@ class WatchHub {
   void NotifyLoop() ABSL_LOCKS_EXCLUDED(wake_mu_);
 
   const Config config_;
-  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(wake_mu_);
+  mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex wake_mu_;
