@@ -28,6 +28,13 @@ inline double Now() {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+// CPU time of the whole process (every thread) in seconds.
+inline double ProcessCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 // The median; the mean of the middle two for an even count.
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -131,6 +131,7 @@ class BareFanout final : public v1::Coordinator::CallbackService {
 
 struct Figures {
   double deliveries_per_second = 0;
+  double cpu_micros_per_delivery = 0;  // whole process (server and clients): robust to load
   double p50_ms = 0, p99_ms = 0;
 };
 
@@ -148,7 +149,7 @@ struct Options {
 template <typename Publish, typename End>
 absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& fleet,
                               Publish publish, End end) {
-  const double start = Now();
+  const double start = Now(), cpu_start = ProcessCpuSeconds();
   for (int64_t step = 1; step <= options.summaries; ++step) {
     while (step - fleet.MinReceived() > options.window) absl::SleepFor(absl::Microseconds(200));
     if (options.rate > 0) {
@@ -160,7 +161,7 @@ absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& 
     return absl::DeadlineExceededError(absl::StrCat("the slowest watcher has ",
                                                     fleet.MinReceived(), " summaries"));
   }
-  const double elapsed = Now() - start;
+  const double elapsed = Now() - start, cpu = ProcessCpuSeconds() - cpu_start;
   end();
   if (!fleet.AwaitDone(absl::Minutes(1))) return absl::DeadlineExceededError("streams not ended");
   for (const auto& reader : fleet.readers()) {
@@ -170,7 +171,9 @@ absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& 
                                               reader->status.error_message()));
     }
   }
-  return Figures{.deliveries_per_second = options.summaries * options.watchers / elapsed,
+  const double deliveries = options.summaries * options.watchers;
+  return Figures{.deliveries_per_second = deliveries / elapsed,
+                 .cpu_micros_per_delivery = cpu * 1e6 / deliveries,
                  .p50_ms = fleet.LatencyPercentile(50) / 1e3,
                  .p99_ms = fleet.LatencyPercentile(99) / 1e3};
 }
@@ -282,7 +285,7 @@ int Main(int argc, char** argv) {
                              "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
   }
   // Rounds alternate which path goes first; figures are medians over rounds.
-  std::vector<double> rate[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
   for (int round = 0; round < options.rounds; ++round) {
     for (int i = 0; i < 2; ++i) {
       const int path = (round + i) % 2;
@@ -292,6 +295,7 @@ int Main(int argc, char** argv) {
       std::filesystem::remove_all(dir);
       if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
       rate[path].push_back(f->deliveries_per_second);
+      cpu[path].push_back(f->cpu_micros_per_delivery);
       p50[path].push_back(f->p50_ms);
       p99[path].push_back(f->p99_ms);
     }
@@ -300,10 +304,11 @@ int Main(int argc, char** argv) {
               options.watchers, static_cast<long long>(options.summaries),
               static_cast<long long>(options.window), options.rounds);
   for (int path = 0; path < 2; ++path) {
-    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  latency p50 %7.2f ms  "
-                "p99 %7.2f ms\n",
+    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
+                "latency p50 %7.2f ms  p99 %7.2f ms\n",
                 path == 0 ? "grpc" : "meshrun", Median(rate[path]),
-                Median(rate[path]) / options.watchers, Median(p50[path]), Median(p99[path]));
+                Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
+                Median(p99[path]));
   }
   // Latency below saturation: the same fan-out at a steady rate both sustain.
   if (options.paced_rate > 0) {

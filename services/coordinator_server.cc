@@ -343,7 +343,8 @@ class CoordinatorServer::UploadReactor final
 };
 
 // A dashboard's watch: summaries from the hub's bounded per-watcher queue, one write in
-// flight; the hub wakes the reactor when more arrive.
+// flight. Once the queue ran empty, the hub's notifier thread wakes the reactor when more
+// arrive; otherwise each OnWriteDone pulls the next on gRPC's own threads.
 class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
  public:
   explicit WatchReactor(std::shared_ptr<telemetry::Watcher> watcher)
@@ -372,21 +373,27 @@ class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1
 
  private:
   void Pump() {
-    absl::MutexLock lock(&mu_);
-    if (writing_ || finished_) return;
-    if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-    telemetry::Watcher::PopResult next = watcher_->TryPop();
-    switch (next.kind) {
-      case telemetry::Watcher::Kind::kItem:
-        out_ = std::move(next.summary);
-        writing_ = true;
-        StartWrite(&out_);
-        return;
-      case telemetry::Watcher::Kind::kEmpty:
-        return;
-      case telemetry::Watcher::Kind::kEnd:
-        return FinishLocked(ToGrpcStatus(next.status));
+    const v1::GlobalSummary* write = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      telemetry::Watcher::PopResult next = watcher_->TryPop();
+      switch (next.kind) {
+        case telemetry::Watcher::Kind::kItem:
+          out_ = std::move(next.summary);  // shared with other watchers: never mutated
+          writing_ = true;
+          write = out_.get();
+          break;
+        case telemetry::Watcher::Kind::kEmpty:
+          return;
+        case telemetry::Watcher::Kind::kEnd:
+          return FinishLocked(ToGrpcStatus(next.status));
+      }
     }
+    // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
+    // finishes the stream until OnWriteDone.
+    StartWrite(write);
   }
   void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
@@ -396,7 +403,7 @@ class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1
 
   std::shared_ptr<telemetry::Watcher> watcher_;
   absl::Mutex mu_;
-  v1::GlobalSummary out_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1::GlobalSummary> out_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -70,7 +70,7 @@ TEST_F(CoordinatorTelemetryTest, RestartResumesPendingStepsWithoutDuplicates) {
   for (int i = 0; i < 2; ++i) {
     auto item = (*watcher)->Pop(absl::Seconds(10));
     ASSERT_EQ(item.kind, telemetry::Watcher::Kind::kItem) << item.status;
-    got.push_back(item.summary);
+    got.push_back(*item.summary);
   }
   EXPECT_EQ(got[0].step(), 10);
   EXPECT_EQ(got[1].step(), 20);

@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
           telemetry::Watcher::PopResult next = stream->watcher->Pop(absl::Seconds(1));
           switch (next.kind) {
             case telemetry::Watcher::Kind::kItem:
-              return write(DashboardApi::SummaryEvent(next.summary));
+              return write(DashboardApi::SummaryEvent(*next.summary));
             case telemetry::Watcher::Kind::kEmpty:
               if (absl::Now() - stream->last_write >= s->config_.keepalive) {
                 return write(": keepalive\n\n");

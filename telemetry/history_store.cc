@@ -88,7 +88,10 @@ absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
   }
 }
 
-// One prepared statement; finalized on destruction.
+using history_internal::CachedStatement;
+
+// One prepared statement: its own (finalized on destruction), or borrowed from the store's
+// cache (reset and given back on destruction).
 class Stmt {
  public:
   static absl::StatusOr<Stmt> Prepare(sqlite3* db, const char* sql) {
@@ -97,11 +100,38 @@ class Stmt {
     if (rc != SQLITE_OK) return SqliteError(db, rc, absl::StrCat("prepare \"", sql, "\""));
     return Stmt(db, stmt);
   }
+  // The cached statement of `sql`, prepared on first use; its own one while the cached one
+  // is held by another Stmt.
+  static absl::StatusOr<Stmt> Cached(sqlite3* db, std::map<std::string, CachedStatement>& cache,
+                                     const char* sql) {
+    CachedStatement& entry = cache[sql];
+    if (entry.in_use) return Prepare(db, sql);
+    if (entry.stmt == nullptr) {
+      const int rc =
+          sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &entry.stmt, nullptr);
+      if (rc != SQLITE_OK) {
+        cache.erase(sql);
+        return SqliteError(db, rc, absl::StrCat("prepare \"", sql, "\""));
+      }
+    }
+    entry.in_use = true;
+    Stmt stmt(db, entry.stmt);
+    stmt.cached_ = &entry;
+    return stmt;
+  }
   Stmt(Stmt&& other) noexcept : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)),
+                                cached_(std::exchange(other.cached_, nullptr)),
                                 bind_rc_(other.bind_rc_) {}
   Stmt& operator=(Stmt&&) = delete;
   ~Stmt() {
-    if (stmt_ != nullptr) sqlite3_finalize(stmt_);
+    if (stmt_ == nullptr) return;
+    if (cached_ == nullptr) {
+      sqlite3_finalize(stmt_);
+      return;
+    }
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    cached_->in_use = false;
   }
 
   Stmt& Bind(int index, int64_t value) {
@@ -169,6 +199,7 @@ class Stmt {
 
   sqlite3* db_;
   sqlite3_stmt* stmt_;
+  CachedStatement* cached_ = nullptr;
   int bind_rc_ = SQLITE_OK;
 };
 
@@ -216,6 +247,7 @@ absl::StatusOr<std::unique_ptr<HistoryStore>> HistoryStore::Create(Config config
 
 HistoryStore::~HistoryStore() {
   absl::MutexLock l(&mu_);
+  for (auto& [sql, cached] : statements_) sqlite3_finalize(cached.stmt);
   if (db_ != nullptr) sqlite3_close_v2(db_);
 }
 
@@ -273,19 +305,23 @@ absl::Status HistoryStore::Open() {
 
 template <typename Body>
 absl::Status HistoryStore::TransactionLocked(Body body) {
-  RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
+  auto run = [&](const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_, sql));
+    return stmt.Run();
+  };
+  RETURN_IF_ERROR(run("BEGIN IMMEDIATE"));
   absl::Status status = body();
-  if (status.ok()) status = ExecLocked("COMMIT");
+  if (status.ok()) status = run("COMMIT");
   if (!status.ok() && !sqlite3_get_autocommit(db_)) {
-    (void)ExecLocked("ROLLBACK");
+    (void)run("ROLLBACK");
   }
   return status;
 }
 
 absl::Status HistoryStore::EnsureJobLocked(const std::string& job_id) {
-  ASSIGN_OR_RETURN(Stmt stmt,
-                   Stmt::Prepare(db_, "INSERT OR IGNORE INTO jobs(job_id, created_micros) "
-                                      "VALUES(?1, ?2)"));
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
+                                           "INSERT OR IGNORE INTO jobs(job_id, created_micros) "
+                                           "VALUES(?1, ?2)"));
   return stmt.Bind(1, job_id).Bind(2, absl::ToUnixMicros(config_.clock->Now())).Run();
 }
 
@@ -324,9 +360,10 @@ absl::StatusOr<std::map<std::string, int64_t>> HistoryStore::SeriesLocked(
 
 absl::Status HistoryStore::AddSeriesLocked(const std::string& job_id,
                                            const v1::TelemetryDeclaration& decl) {
-  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "INSERT OR IGNORE INTO job_series(job_id, "
-                                                 "name, elements, declaration) "
-                                                 "VALUES(?1, ?2, ?3, ?4)"));
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
+                                           "INSERT OR IGNORE INTO job_series(job_id, "
+                                           "name, elements, declaration) "
+                                           "VALUES(?1, ?2, ?3, ?4)"));
   return stmt.Bind(1, job_id)
       .Bind(2, decl.name())
       .Bind(3, Elements(decl))
@@ -337,10 +374,11 @@ absl::Status HistoryStore::AddSeriesLocked(const std::string& job_id,
 absl::Status HistoryStore::PutHostLocked(const v1::HostSummary& summary, int64_t host_index) {
   ASSIGN_OR_RETURN(
       Stmt stmt,
-      Stmt::Prepare(db_, "INSERT INTO host_summaries(job_id, step, host, host_index, "
-                         "inserted_micros, summary) VALUES(?1, ?2, ?3, ?4, ?5, ?6) "
-                         "ON CONFLICT(job_id, step, host) DO UPDATE SET "
-                         "host_index = MIN(host_index, excluded.host_index)"));
+      Stmt::Cached(db_, statements_,
+                   "INSERT INTO host_summaries(job_id, step, host, host_index, "
+                   "inserted_micros, summary) VALUES(?1, ?2, ?3, ?4, ?5, ?6) "
+                   "ON CONFLICT(job_id, step, host) DO UPDATE SET "
+                   "host_index = MIN(host_index, excluded.host_index)"));
   RETURN_IF_ERROR(stmt.Bind(1, summary.job_id())
                       .Bind(2, summary.step())
                       .Bind(3, summary.host())
@@ -350,10 +388,11 @@ absl::Status HistoryStore::PutHostLocked(const v1::HostSummary& summary, int64_t
                       .Run());
   ASSIGN_OR_RETURN(
       Stmt progress,
-      Stmt::Prepare(db_, "INSERT INTO host_progress(job_id, host, persisted_through_step) "
-                         "VALUES(?1, ?2, ?3) ON CONFLICT(job_id, host) DO UPDATE SET "
-                         "persisted_through_step = MAX(persisted_through_step, "
-                         "excluded.persisted_through_step)"));
+      Stmt::Cached(db_, statements_,
+                   "INSERT INTO host_progress(job_id, host, persisted_through_step) "
+                   "VALUES(?1, ?2, ?3) ON CONFLICT(job_id, host) DO UPDATE SET "
+                   "persisted_through_step = MAX(persisted_through_step, "
+                   "excluded.persisted_through_step)"));
   return progress.Bind(1, summary.job_id()).Bind(2, summary.host()).Bind(3, summary.step()).Run();
 }
 
@@ -389,8 +428,9 @@ absl::Status HistoryStore::Append(const v1::GlobalSummary& summary) {
     RETURN_IF_ERROR(EnsureJobLocked(summary.job_id()));
     {
       ASSIGN_OR_RETURN(Stmt stmt,
-                       Stmt::Prepare(db_, "INSERT OR REPLACE INTO global_summaries(job_id, step, "
-                                          "inserted_micros, summary) VALUES(?1, ?2, ?3, ?4)"));
+                       Stmt::Cached(db_, statements_,
+                                    "INSERT OR REPLACE INTO global_summaries(job_id, step, "
+                                    "inserted_micros, summary) VALUES(?1, ?2, ?3, ?4)"));
       RETURN_IF_ERROR(stmt.Bind(1, summary.job_id())
                           .Bind(2, summary.step())
                           .Bind(3, absl::ToUnixMicros(config_.clock->Now()))
@@ -398,13 +438,15 @@ absl::Status HistoryStore::Append(const v1::GlobalSummary& summary) {
                           .Run());
     }
     {
-      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "UPDATE jobs SET latest_step = "
-                                                     "MAX(latest_step, ?2) WHERE job_id = ?1"));
+      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
+                                               "UPDATE jobs SET latest_step = "
+                                               "MAX(latest_step, ?2) WHERE job_id = ?1"));
       RETURN_IF_ERROR(stmt.Bind(1, summary.job_id()).Bind(2, summary.step()).Run());
     }
     ASSIGN_OR_RETURN(Stmt point,
-                     Stmt::Prepare(db_, "INSERT OR REPLACE INTO series_points(job_id, name, "
-                                        "element, step, value) VALUES(?1, ?2, ?3, ?4, ?5)"));
+                     Stmt::Cached(db_, statements_,
+                                  "INSERT OR REPLACE INTO series_points(job_id, name, "
+                                  "element, step, value) VALUES(?1, ?2, ?3, ?4, ?5)"));
     for (const v1::TelemetryValue& value : summary.values()) {
       v1::TelemetryDeclaration decl;
       decl.set_name(value.name());
@@ -441,16 +483,18 @@ absl::StatusOr<int64_t> HistoryStore::AppendHost(const v1::HostSummary& summary)
     {
       ASSIGN_OR_RETURN(
           Stmt stmt,
-          Stmt::Prepare(db_, "SELECT 1 FROM host_summaries WHERE job_id = ?1 AND step = ?2 "
-                             "AND host = ?3"));
+          Stmt::Cached(db_, statements_,
+                       "SELECT 1 FROM host_summaries WHERE job_id = ?1 AND step = ?2 "
+                       "AND host = ?3"));
       ASSIGN_OR_RETURN(bool exists,
                        stmt.Bind(1, summary.job_id()).Bind(2, summary.step())
                            .Bind(3, summary.host()).Step());
       if (!exists) RETURN_IF_ERROR(PutHostLocked(summary, kUnknownHostIndex));
     }
-    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT persisted_through_step FROM "
-                                                   "host_progress WHERE job_id = ?1 AND "
-                                                   "host = ?2"));
+    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
+                                             "SELECT persisted_through_step FROM "
+                                             "host_progress WHERE job_id = ?1 AND "
+                                             "host = ?2"));
     ASSIGN_OR_RETURN(bool row, stmt.Bind(1, summary.job_id()).Bind(2, summary.host()).Step());
     persisted = row ? stmt.Int(0) : summary.step();
     return absl::OkStatus();

@@ -49,6 +49,7 @@
 #include "meshrun/v1/telemetry.pb.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace meshrun::telemetry {
 
@@ -56,6 +57,14 @@ namespace meshrun::telemetry {
 // watchers, which narrow summaries to the series a caller asked for.
 void FilterValues(const std::set<std::string>& names,
                   google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values);
+
+namespace history_internal {
+// A prepared statement kept by HistoryStore; `in_use` while a caller holds it.
+struct CachedStatement {
+  sqlite3_stmt* stmt = nullptr;
+  bool in_use = false;
+};
+}  // namespace history_internal
 
 class HistoryStore {
  public:
@@ -198,6 +207,10 @@ class HistoryStore {
   const Config config_;
   mutable absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Statements prepared once per SQL text and reused: parsing costs more than running the
+  // small statements of each append.
+  std::map<std::string, history_internal::CachedStatement> statements_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::telemetry

@@ -1,6 +1,7 @@
 #include "telemetry/watch_hub.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,44 +33,62 @@ void Watcher::Shape(v1::GlobalSummary& summary) const {
   }
 }
 
+Watcher::PopResult Watcher::TakeLiveLocked() {
+  while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
+  if (!live_.empty()) {
+    PopResult result{Kind::kItem, std::move(live_.front()), absl::OkStatus()};
+    live_.pop_front();
+    next_step_ = result.summary->step() + 1;
+    return result;
+  }
+  if (ended_) {
+    final_ = true;
+    final_status_ = end_status_;
+    return PopResult{Kind::kEnd, {}, final_status_};
+  }
+  armed_ = true;
+  return PopResult{};
+}
+
+Watcher::PopResult Watcher::ShapeLive(PopResult result) const {
+  if (result.kind == Kind::kItem && !names_.empty()) {  // copied and filtered outside mu_
+    auto shaped = std::make_shared<v1::GlobalSummary>(*result.summary);
+    Shape(*shaped);
+    result.summary = std::move(shaped);
+  }
+  return result;
+}
+
 Watcher::PopResult Watcher::TryPop() {
+  {
+    // Live with the history delivered (the usual case): no history read can be due, so the
+    // consumer lock is not needed.
+    absl::MutexLock l(&mu_);
+    if (final_) return PopResult{Kind::kEnd, {}, final_status_};
+    if (mode_ == Mode::kLive && backfill_.empty()) return ShapeLive(TakeLiveLocked());
+  }
   absl::MutexLock consumer(&pop_mu_);
   while (true) {
     int64_t from = 0;
-    std::shared_ptr<const v1::GlobalSummary> live_item;
+    std::optional<PopResult> live;
     {
       absl::MutexLock l(&mu_);
       if (final_) return PopResult{Kind::kEnd, {}, final_status_};
       if (!backfill_.empty()) {
-        PopResult result{Kind::kItem, std::move(backfill_.front()), absl::OkStatus()};
+        v1::GlobalSummary row = std::move(backfill_.front());
         backfill_.pop_front();
-        next_step_ = result.summary.step() + 1;
-        Shape(result.summary);
-        return result;
+        next_step_ = row.step() + 1;
+        Shape(row);
+        return PopResult{Kind::kItem, std::make_shared<const v1::GlobalSummary>(std::move(row)),
+                         absl::OkStatus()};
       }
       if (mode_ == Mode::kLive) {
-        while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
-        if (!live_.empty()) {
-          live_item = std::move(live_.front());
-          live_.pop_front();
-          next_step_ = live_item->step() + 1;
-        } else if (ended_) {
-          final_ = true;
-          final_status_ = end_status_;
-          return PopResult{Kind::kEnd, {}, final_status_};
-        } else {
-          armed_ = true;
-          return PopResult{};
-        }
+        live = TakeLiveLocked();
       } else {
         from = next_step_;
       }
     }
-    if (live_item != nullptr) {  // copied and filtered outside mu_
-      PopResult result{Kind::kItem, *live_item, absl::OkStatus()};
-      Shape(result.summary);
-      return result;
-    }
+    if (live.has_value()) return ShapeLive(std::move(*live));
     // Backfilling: read one batch of history without holding mu_, so Publish never waits.
     HistoryStore::ReadRequest request;
     request.job_id = job_id_;
@@ -162,7 +181,8 @@ bool Watcher::closed() const {
   return final_ || ended_;
 }
 
-bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& summary) {
+bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& full,
+                   const std::shared_ptr<const v1::GlobalSummary>& no_detail) {
   absl::MutexLock l(&mu_);
   if (final_ || ended_) return false;
   if (live_.size() >= capacity_) {
@@ -171,7 +191,7 @@ bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& summary) {
         " summaries queued); resume with since_step=", next_step_)));
     return FireLocked();
   }
-  live_.push_back(summary);
+  live_.push_back(host_detail_ ? full : no_detail);
   return FireLocked();
 }
 
@@ -201,7 +221,9 @@ absl::StatusOr<std::unique_ptr<WatchHub>> WatchHub::Create(Config config) {
   if (config.backfill_batch == 0) {
     return absl::InvalidArgumentError("WatchHub: backfill_batch must be >= 1");
   }
-  return std::unique_ptr<WatchHub>(new WatchHub(config));
+  std::unique_ptr<WatchHub> hub(new WatchHub(config));
+  hub->notifier_ = std::thread([hub = hub.get()] { hub->NotifyLoop(); });
+  return hub;
 }
 
 WatchHub::~WatchHub() {
@@ -221,7 +243,50 @@ WatchHub::~WatchHub() {
     }
     jobs_.clear();
   }
-  for (const auto& watcher : notify) watcher->Notify();
+  Wake(std::move(notify));
+  {
+    absl::MutexLock l(&wake_mu_);
+    stop_ = true;
+  }
+  notifier_.join();  // after it ran every callback queued
+}
+
+void WatchHub::Wake(std::vector<std::shared_ptr<Watcher>> watchers) {
+  if (watchers.empty()) return;
+  absl::MutexLock l(&wake_mu_);
+  queued_ += watchers.size();
+  if (wake_.empty()) {
+    wake_ = std::move(watchers);
+  } else {
+    for (auto& watcher : watchers) wake_.push_back(std::move(watcher));
+  }
+}
+
+void WatchHub::NotifyLoop() {
+  std::vector<std::shared_ptr<Watcher>> batch;
+  while (true) {
+    {
+      absl::MutexLock l(&wake_mu_);
+      notified_ += batch.size();
+      batch.clear();  // drops the references before the next wait
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+        return stop_ || !wake_.empty();
+      };
+      wake_mu_.Await(absl::Condition(&ready));
+      if (wake_.empty()) return;  // stopping, and nothing left to run
+      batch.swap(wake_);
+    }
+    for (const auto& watcher : batch) watcher->Notify();
+  }
+}
+
+void WatchHub::FlushNotifications() {
+  absl::MutexLock l(&wake_mu_);
+  const uint64_t target = queued_;
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+    return notified_ >= target;
+  };
+  wake_mu_.Await(absl::Condition(&done));
 }
 
 absl::Status WatchHub::OpenJob(const std::string& job_id, std::vector<std::string> series) {
@@ -236,7 +301,14 @@ absl::Status WatchHub::OpenJob(const std::string& job_id, std::vector<std::strin
 }
 
 absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
-  auto shared = std::make_shared<const v1::GlobalSummary>(summary);
+  // One immutable copy per variant, shared by every watcher without a names filter.
+  auto full = std::make_shared<const v1::GlobalSummary>(summary);
+  std::shared_ptr<const v1::GlobalSummary> no_detail = full;
+  if (summary.host_detail_size() > 0) {
+    auto stripped = std::make_shared<v1::GlobalSummary>(summary);
+    stripped->clear_host_detail();
+    no_detail = std::move(stripped);
+  }
   std::vector<std::shared_ptr<Watcher>> notify;
   {
     absl::MutexLock l(&mu_);
@@ -258,12 +330,12 @@ absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
     for (size_t i = 0; i < watchers.size(); ++i) {
       std::shared_ptr<Watcher> watcher = watchers[i].lock();
       if (watcher == nullptr || watcher->closed()) continue;  // dropped or closed: forget it
-      if (watcher->Push(shared)) notify.push_back(std::move(watcher));
+      if (watcher->Push(full, no_detail)) notify.push_back(std::move(watcher));
       watchers[kept++] = watchers[i];
     }
     watchers.resize(kept);
   }
-  for (const auto& watcher : notify) watcher->Notify();
+  Wake(std::move(notify));
   return absl::OkStatus();
 }
 
@@ -282,7 +354,7 @@ absl::Status WatchHub::EndJob(const std::string& job_id) {
     }
     jobs_.erase(it);
   }
-  for (const auto& watcher : notify) watcher->Notify();
+  Wake(std::move(notify));
   return absl::OkStatus();
 }
 

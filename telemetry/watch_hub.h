@@ -29,11 +29,17 @@
 // watched: its history is delivered, then OK.
 //
 // Names and detail: a watcher asking for `names` gets only those series in each summary (and
-// in host_detail); host_detail is kept only when asked for.
+// in host_detail); host_detail is kept only when asked for. Watchers without a names filter
+// share one immutable copy of each published summary (one with, one without host_detail).
+//
+// Wake-ups: Publish and EndJob only queue items and mark watchers; the notify callbacks of
+// watchers waiting after kEmpty run on the hub's own notifier thread, so a publisher's cost
+// does not grow with what the callbacks do (e.g. start a gRPC write per watcher).
 //
 // Lifetime: the HistoryStore given in Config must outlive the hub and every Watcher. Watchers
 // are shared: the hub holds them weakly, so dropping the last reference unsubscribes. When the
-// hub is destroyed, open watchers end with UNAVAILABLE.
+// hub is destroyed, open watchers end with UNAVAILABLE; the destructor runs the notify
+// callbacks still due before it returns.
 // Thread-safety: every method of WatchHub and Watcher is safe to call concurrently; a watcher's
 // items are delivered once each even with several consumers, but in order only to one.
 #pragma once
@@ -45,6 +51,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -68,7 +75,7 @@ class Watcher {
   };
   struct PopResult {
     Kind kind = Kind::kEmpty;
-    v1::GlobalSummary summary;
+    std::shared_ptr<const v1::GlobalSummary> summary;  // kItem only; may be shared, never mutated
     absl::Status status;
   };
 
@@ -84,12 +91,13 @@ class Watcher {
   PopResult Pop(absl::Duration timeout);
 
   // Sets the callback run when an item or the end becomes available after a TryPop returned
-  // kEmpty: once per kEmpty, on the publisher's (or closer's) thread, with no hub or queue
-  // lock held. It must be quick and must not block — e.g. start the one gRPC write in flight
-  // by calling TryPop — and must not call SetNotify. Set it before the first TryPop (right
-  // after Subscribe), or a wake-up may be lost. SetNotify waits for a running callback to
-  // return, so after SetNotify(nullptr) the old callback is not running and never runs again
-  // (a reactor calls it in OnDone before it is destroyed).
+  // kEmpty: once per kEmpty, on the hub's notifier thread (on the caller's for Close), with no
+  // hub or queue lock held. It must be quick and must not block (it delays other watchers'
+  // wake-ups) — e.g. start the one gRPC write in flight by calling TryPop — and must not call
+  // SetNotify. Set it before the first TryPop (right after Subscribe), or a wake-up may be
+  // lost. SetNotify waits for a running callback to return, so after SetNotify(nullptr) the old
+  // callback is not running and never runs again (a reactor calls it in OnDone before it is
+  // destroyed).
   void SetNotify(std::function<void()> notify);
 
   // Ends the watcher with OK once it has delivered what is already queued.
@@ -107,8 +115,10 @@ class Watcher {
           std::vector<std::string> names, bool host_detail, size_t capacity, size_t batch);
 
   // Called by the hub with its lock held. Each returns true when it made something available
-  // to a consumer waiting after kEmpty: the hub then calls Notify() after unlocking.
-  bool Push(const std::shared_ptr<const v1::GlobalSummary>& summary);
+  // to a consumer waiting after kEmpty: the hub then has Notify() called, without its lock.
+  // `full` is the published summary, `no_detail` the same without host_detail.
+  bool Push(const std::shared_ptr<const v1::GlobalSummary>& full,
+            const std::shared_ptr<const v1::GlobalSummary>& no_detail);
   // No more live items: drain (history, then the queue) and end with `status` (OK for EndJob).
   bool End(absl::Status status);
   // Ends at once with `status` (an error), dropping what is queued.
@@ -120,6 +130,10 @@ class Watcher {
 
   // Applies this watcher's names filter and host_detail choice.
   void Shape(v1::GlobalSummary& summary) const;
+  // In live mode: the next live item (not yet filtered by names), the end, or kEmpty (armed).
+  PopResult TakeLiveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Filters a live item by names (a copy; shared items are never changed).
+  PopResult ShapeLive(PopResult result) const;
   void AbortLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NotArmed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !armed_; }
@@ -137,6 +151,7 @@ class Watcher {
   Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kBackfill;
   int64_t next_step_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::GlobalSummary> backfill_ ABSL_GUARDED_BY(mu_);
+  // Without a names filter, already shaped (the variant with or without host_detail).
   std::deque<std::shared_ptr<const v1::GlobalSummary>> live_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;        // no more live items will come
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);   // when ended_: how it ends after draining
@@ -190,6 +205,10 @@ class WatchHub {
   // Watchers currently registered for the job's live summaries (closed ones excluded).
   int WatcherCount(const std::string& job_id) const;
 
+  // Waits until every notify callback due from calls that returned before this one has run.
+  // Not from a notify callback (it would wait for itself).
+  void FlushNotifications() ABSL_LOCKS_EXCLUDED(wake_mu_);
+
  private:
   struct Job {
     std::set<std::string> series;
@@ -199,9 +218,20 @@ class WatchHub {
 
   explicit WatchHub(Config config) : config_(config) {}
 
+  // Has the notifier thread run these watchers' callbacks.
+  void Wake(std::vector<std::shared_ptr<Watcher>> watchers) ABSL_LOCKS_EXCLUDED(wake_mu_);
+  void NotifyLoop() ABSL_LOCKS_EXCLUDED(wake_mu_);
+
   const Config config_;
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex wake_mu_;
+  std::vector<std::shared_ptr<Watcher>> wake_ ABSL_GUARDED_BY(wake_mu_);  // to notify, in order
+  uint64_t queued_ ABSL_GUARDED_BY(wake_mu_) = 0;    // wake-ups queued so far
+  uint64_t notified_ ABSL_GUARDED_BY(wake_mu_) = 0;  // wake-ups whose callback has run
+  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;      // the destructor's: drain, then exit
+  std::thread notifier_;
 };
 
 }  // namespace meshrun::telemetry

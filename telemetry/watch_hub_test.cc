@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "telemetry/step_combiner.h"
 
 namespace meshrun::telemetry {
@@ -88,7 +89,7 @@ class WatchHubTest : public ::testing::Test {
                       << result.status;
         break;
       }
-      steps.push_back(result.summary.step());
+      steps.push_back(result.summary->step());
     }
     return steps;
   }
@@ -129,20 +130,22 @@ TEST_F(WatchHubTest, BackfillThenLiveWithNotification) {
   EXPECT_EQ(empty.kind, Kind::kEmpty);
   EXPECT_EQ(notified.load(), 0);
   Commit("job-1", 11);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 1);  // once per kEmpty
   Commit("job-1", 12);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 1);
   auto item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 11);
-  EXPECT_EQ(item.summary.host_detail_size(), 0);  // not asked for
-  EXPECT_EQ(item.summary.values_size(), 2);
+  EXPECT_EQ(item.summary->step(), 11);
+  EXPECT_EQ(item.summary->host_detail_size(), 0);  // not asked for
+  EXPECT_EQ(item.summary->values_size(), 2);
   EXPECT_EQ(watcher->resume_step(), 12);
   ASSERT_TRUE(hub_->EndJob("job-1").ok());
   // End of stream only after what was published before the end is delivered.
   item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 12);
+  EXPECT_EQ(item.summary->step(), 12);
   auto end = watcher->TryPop();
   EXPECT_EQ(end.kind, Kind::kEnd);
   EXPECT_TRUE(end.status.ok()) << end.status;
@@ -162,12 +165,12 @@ TEST_F(WatchHubTest, NamesAndHostDetail) {
   for (int64_t step : {1, 2}) {  // one from history, one live: shaped the same
     auto item = watcher->Pop(absl::Seconds(10));
     ASSERT_EQ(item.kind, Kind::kItem);
-    EXPECT_EQ(item.summary.step(), step);
-    ASSERT_EQ(item.summary.values_size(), 1);
-    EXPECT_EQ(item.summary.values(0).name(), "grad_norm");
-    ASSERT_EQ(item.summary.host_detail_size(), 1);
-    ASSERT_EQ(item.summary.host_detail(0).values_size(), 1);
-    EXPECT_EQ(item.summary.host_detail(0).values(0).name(), "grad_norm");
+    EXPECT_EQ(item.summary->step(), step);
+    ASSERT_EQ(item.summary->values_size(), 1);
+    EXPECT_EQ(item.summary->values(0).name(), "grad_norm");
+    ASSERT_EQ(item.summary->host_detail_size(), 1);
+    ASSERT_EQ(item.summary->host_detail(0).values_size(), 1);
+    EXPECT_EQ(item.summary->host_detail(0).values(0).name(), "grad_norm");
   }
 }
 
@@ -265,6 +268,7 @@ TEST_F(WatchHubTest, OverflowNamesTheResumeStepAndResubscribingLosesNothing) {
   EXPECT_EQ(waiting->TryPop().kind, Kind::kEmpty);
   const int before = notified.load();
   for (int step = 10; step <= 15; ++step) Commit("job-1", step);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), before + 1);
 }
 
@@ -311,10 +315,63 @@ TEST_F(WatchHubTest, ClearedNotifyNeverRunsAgain) {
   EXPECT_EQ(watcher->TryPop().kind, Kind::kEmpty);
   watcher->SetNotify(nullptr);  // what a reactor does in OnDone
   Commit("job-1", 1);
+  hub_->FlushNotifications();
   EXPECT_EQ(notified.load(), 0);
   auto item = watcher->TryPop();
   ASSERT_EQ(item.kind, Kind::kItem);
-  EXPECT_EQ(item.summary.step(), 1);
+  EXPECT_EQ(item.summary->step(), 1);
+}
+
+// Callbacks run on the hub's notifier thread: a callback that takes its time (here: blocks
+// until released) holds up neither Publish nor the other watchers' queues.
+TEST_F(WatchHubTest, NotifyRunsOffThePublisherThread) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  auto watcher = Subscribe("job-1", 0);
+  absl::Notification release;
+  std::atomic<int> notified{0};
+  std::thread::id notify_thread;
+  watcher->SetNotify([&] {
+    notify_thread = std::this_thread::get_id();
+    notified++;
+    release.WaitForNotificationWithTimeout(absl::Seconds(10));
+  });
+  auto other = Subscribe("job-1", 0);
+  EXPECT_EQ(watcher->TryPop().kind, Kind::kEmpty);
+  for (int step = 1; step <= 3; ++step) Commit("job-1", step);  // returns while it blocks
+  EXPECT_EQ(PopSteps(*other, 3), Range(1, 3));
+  release.Notify();
+  hub_->FlushNotifications();
+  EXPECT_EQ(notified.load(), 1);
+  EXPECT_NE(notify_thread, std::this_thread::get_id());
+  EXPECT_EQ(PopSteps(*watcher, 3), Range(1, 3));
+}
+
+// Watchers without a names filter get the same immutable copy of a summary; host_detail and
+// names still shape each watcher's view.
+TEST_F(WatchHubTest, WatchersWithoutNamesShareOneCopy) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  auto a = Subscribe("job-1", 0);
+  auto b = Subscribe("job-1", 0);
+  auto detail = hub_->Subscribe({.job_id = "job-1", .host_detail = true}).value();
+  auto named = hub_->Subscribe({.job_id = "job-1", .names = {"loss"}}).value();
+  for (const auto& w : {a, b, detail, named}) EXPECT_EQ(w->TryPop().kind, Kind::kEmpty);
+  Commit("job-1", 1);
+  auto item_a = a->Pop(absl::Seconds(10));
+  auto item_b = b->Pop(absl::Seconds(10));
+  auto item_detail = detail->Pop(absl::Seconds(10));
+  auto item_named = named->Pop(absl::Seconds(10));
+  for (const auto* item : {&item_a, &item_b, &item_detail, &item_named}) {
+    ASSERT_EQ(item->kind, Kind::kItem);
+    EXPECT_EQ(item->summary->step(), 1);
+  }
+  EXPECT_EQ(item_a.summary.get(), item_b.summary.get());
+  EXPECT_EQ(item_a.summary->host_detail_size(), 0);
+  EXPECT_EQ(item_a.summary->values_size(), 2);
+  EXPECT_EQ(item_detail.summary->host_detail_size(), 1);
+  EXPECT_EQ(item_detail.summary->values_size(), 2);
+  ASSERT_EQ(item_named.summary->values_size(), 1);
+  EXPECT_EQ(item_named.summary->values(0).name(), "loss");
+  EXPECT_EQ(item_named.summary->host_detail_size(), 0);
 }
 
 TEST_F(WatchHubTest, CloseDrainsThenEndsWithOk) {
@@ -401,9 +458,9 @@ TEST_F(WatchHubTest, CombinerHistoryHubPipeline) {
   for (int64_t step = 1; step <= 3; ++step) {
     auto item = watcher->Pop(absl::Seconds(10));
     ASSERT_EQ(item.kind, Kind::kItem);
-    EXPECT_EQ(item.summary.step(), step);
-    EXPECT_FLOAT_EQ(item.summary.values(0).values(0), step == 3 ? 1.0f : 2.0f);
-    EXPECT_EQ(item.summary.partial(), step == 3);
+    EXPECT_EQ(item.summary->step(), step);
+    EXPECT_FLOAT_EQ(item.summary->values(0).values(0), step == 3 ? 1.0f : 2.0f);
+    EXPECT_EQ(item.summary->partial(), step == 3);
   }
   EXPECT_EQ(history_->LatestStep("job-1").value(), 3);
   EXPECT_EQ(history_->PersistedThroughStep("job-1", "h1").value(), 3);
