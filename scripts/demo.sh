@@ -7,7 +7,7 @@
 # (loss, grad norm, sink mass, step time), ends with the job manifest and its data receipt,
 # checks the loss fell at least 30% from its first value, then drains the cluster with SIGTERM. The coordinator also serves the web dashboard and
 # Prometheus /metrics on the printed URL (MESHRUN_DEMO_HTTP, default 127.0.0.1:0 = a free port).
-# MESHRUN_DEMO_STEPS sets the step count (default 800: about 3 minutes on 2 cores; the loss falls
+# MESHRUN_DEMO_STEPS sets the step count (default 800: under 2 minutes on 2 cores; the loss falls
 # about 39%); MESHRUN_DEMO_KEEP=1 keeps the cluster running until Ctrl-C.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
