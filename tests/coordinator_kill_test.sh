@@ -45,6 +45,7 @@ for _ in $(seq 600); do [ "$(rows "$tmp/watch-1.txt" | wc -l)" -ge 5 ] && break;
 
 # 1. kill -9 mid-job.
 kill -9 "$coordinator"
+wait "$coordinator" 2>/dev/null || true
 wait "$watch1" 2>/dev/null && fail "the watch did not notice the coordinator die"
 seen=$(rows "$tmp/watch-1.txt" | tail -1)
 [ "$seen" -lt "$steps" ] || fail "the job ended before the kill; raise COORDINATOR_KILL_STEPS"
@@ -85,6 +86,7 @@ lost=$(cli submit "$bundle" --steps=1000000 --cadence=1000)
 for _ in $(seq 300); do cli get "$lost" | grep -q "state: JOB_STATE_RUNNING" && break; sleep 0.1; done
 cli get "$lost" | grep -q "state: JOB_STATE_RUNNING" || fail "$lost did not start"
 kill -9 "$coordinator" "$worker"
+wait "$coordinator" "$worker" 2>/dev/null || true  # gone, its cache lock released
 start_coordinator "$port" 3 --heartbeat_timeout=1s
 for _ in $(seq 100); do cli get "$lost" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
 cli get "$lost" >"$tmp/lost.txt"
