@@ -16,3 +16,14 @@ await_coordinator() {
 cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
 # A manifest field's value from `meshrun get` output on stdin.
 field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
+# Writes token shards of one real text (a file of Debian's fortunes) to $tmp/shards with
+# examples/make_token_shards.py; sets `text` and `python`. Needs `src`. Exits 77 (skipped) when
+# the text or the project's Python is absent.
+fortune_shards() {
+  text=/usr/share/games/fortunes/goedel
+  python="$src/.venv/bin/python"
+  [ -f "$text" ] || { echo "SKIP: $text absent (scripts/setup.sh installs fortunes)"; exit 77; }
+  [ -x "$python" ] || { echo "SKIP: $python absent (scripts/setup.sh)"; exit 77; }
+  "$python" "$src/examples/make_token_shards.py" --source="$text" --out="$tmp/shards" \
+    --shard_tokens=3000 >/dev/null || fail "the shard script failed"
+}

@@ -17,14 +17,8 @@ bin=$1
 src=$2
 lm="$src/examples/transformer_lm"
 moe="$src/examples/transformer_moe"
-text=/usr/share/games/fortunes/goedel
-python="$src/.venv/bin/python"
-[ -f "$text" ] || { echo "SKIP: $text absent (scripts/setup.sh installs fortunes)"; exit 77; }
-[ -x "$python" ] || { echo "SKIP: $python absent (scripts/setup.sh)"; exit 77; }
 source "$(dirname "$0")/cluster_lib.sh"
-
-"$python" "$src/examples/make_token_shards.py" --source="$text" --out="$tmp/shards" \
-  --shard_tokens=3000 >/dev/null || fail "the shard script failed"
+fortune_shards
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
   --heartbeat_timeout=3s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)

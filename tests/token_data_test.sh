@@ -13,14 +13,8 @@ set -euo pipefail
 bin=$1
 src=$2
 bundle="$src/examples/transformer_lm/dp8/job.json"
-text=/usr/share/games/fortunes/goedel
-python="$src/.venv/bin/python"
-[ -f "$text" ] || { echo "SKIP: $text absent (scripts/setup.sh installs fortunes)"; exit 77; }
-[ -x "$python" ] || { echo "SKIP: $python absent (scripts/setup.sh)"; exit 77; }
 source "$(dirname "$0")/cluster_lib.sh"
-
-"$python" "$src/examples/make_token_shards.py" --source="$text" --out="$tmp/shards" \
-  --shard_tokens=3000 || fail "the shard script failed"
+fortune_shards
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
