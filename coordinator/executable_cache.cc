@@ -162,19 +162,22 @@ CachedExecutable::CachedExecutable(std::string key, std::string sha256, uint64_t
       file_(std::move(file)) {}
 
 absl::StatusOr<std::string> CachedExecutable::ReadAt(uint64_t offset, size_t max_bytes) const {
-  std::string out;
-  RETURN_IF_ERROR(ReadAt(offset, max_bytes, &out));
-  return out;
-}
-
-absl::Status CachedExecutable::ReadAt(uint64_t offset, size_t max_bytes, std::string* out) const {
   if (offset > size_) {
     return absl::OutOfRangeError(
         absl::StrCat("offset ", offset, " is past the end of a ", size_, "-byte executable"));
   }
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(max_bytes, size_ - offset));
-  out->resize(n);
-  return PreadFull(file_->fd, out->data(), n, offset);
+  std::string out(static_cast<size_t>(std::min<uint64_t>(max_bytes, size_ - offset)), '\0');
+  RETURN_IF_ERROR(ReadAt(offset, absl::MakeSpan(out)));
+  return out;
+}
+
+absl::Status CachedExecutable::ReadAt(uint64_t offset, absl::Span<char> out) const {
+  if (offset > size_ || out.size() > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + out.size(),
+                                              ") are past the end of a ", size_,
+                                              "-byte executable"));
+  }
+  return PreadFull(file_->fd, out.data(), out.size(), offset);
 }
 
 absl::StatusOr<std::string> CachedExecutable::ReadAll() const {

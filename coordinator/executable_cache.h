@@ -62,10 +62,9 @@ class CachedExecutable {
   // Up to `max_bytes` bytes from `offset` (fewer only at the end).
   // Errors: OUT_OF_RANGE (offset > size), DATA_LOSS (read failed or the file shrank).
   absl::StatusOr<std::string> ReadAt(uint64_t offset, size_t max_bytes) const;
-  // The same into `*out` (resized to the bytes read), so a caller streaming the entry can
-  // reuse one buffer: a resize that does not grow it neither allocates nor zero-fills.
-  // Errors: as ReadAt.
-  absl::Status ReadAt(uint64_t offset, size_t max_bytes, std::string* out) const;
+  // Exactly `out.size()` bytes from `offset` into a caller's buffer (a gRPC slice, say), so a
+  // sender needs no copy of its own. Errors: OUT_OF_RANGE (past the end), DATA_LOSS.
+  absl::Status ReadAt(uint64_t offset, absl::Span<char> out) const;
   // The whole contents. Errors: as ReadAt; RESOURCE_EXHAUSTED if it cannot fit in memory.
   absl::StatusOr<std::string> ReadAll() const;
   // Calls `sink` with consecutive pieces of at most `chunk_bytes` (> 0) covering the contents;

@@ -1,12 +1,15 @@
 // The coordinator's side of an executable transfer: streams a cached executable to a worker's
 // LoadExecutable in chunks of at most 1 MiB, the first naming the fingerprint (its sha256) and
-// size, the last carrying the sha256 the worker verifies before keeping anything.
+// size, the last carrying the sha256 the worker verifies before keeping anything. Each chunk is
+// read from the cache file straight into the buffer gRPC sends.
 //
-// Thread-safety: SendExecutable may run concurrently for different workers (gRPC stubs are
-// thread-safe); the executable's file handle stays valid while the CachedExecutable lives.
+// Thread-safety: SendExecutable may run concurrently, to the same or different workers.
 #pragma once
 
 #include <cstddef>
+#include <memory>
+
+#include <grpcpp/channel.h>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -25,8 +28,9 @@ struct TransferOptions {
 
 // Errors: the worker's (INVALID_ARGUMENT bad chunk, DATA_LOSS truncated or corrupt: nothing
 // kept, ALREADY_EXISTS it holds the executable); UNAVAILABLE / DEADLINE_EXCEEDED; the cache's
-// read errors (the entry's file is damaged); INVALID_ARGUMENT chunk_bytes 0.
-absl::Status SendExecutable(v1::Worker::Stub& worker, const coordinator::CachedExecutable& executable,
+// read errors (DATA_LOSS: the entry's file is damaged); INVALID_ARGUMENT chunk_bytes 0.
+absl::Status SendExecutable(const std::shared_ptr<grpc::Channel>& worker,
+                            const coordinator::CachedExecutable& executable,
                             const TransferOptions& options = {});
 
 }  // namespace meshrun::services

@@ -36,11 +36,14 @@ void JobLauncher::Launch(const std::string& job_id) {
   });
 }
 
-v1::Worker::Stub& JobLauncher::WorkerStub(const std::string& address) {
+const JobLauncher::Peer& JobLauncher::PeerAt(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<v1::Worker::Stub>& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::Worker::NewStub(MakeChannel(address));
-  return *stub;
+  Peer& peer = peers_[address];
+  if (peer.channel == nullptr) {
+    peer.channel = MakeChannel(address);
+    peer.stub = v1::Worker::NewStub(peer.channel);
+  }
+  return peer;
 }
 
 absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
@@ -223,11 +226,11 @@ absl::StatusOr<int64_t> JobLauncher::Distribute(
     if (!held.contains(fingerprint)) {
       const TransferOptions options{.chunk_bytes = config_.chunk_bytes,
                                     .base_timeout = config_.rpc_timeout};
-      absl::Status sent = SendExecutable(WorkerStub(host.address), executable, options);
+      absl::Status sent = SendExecutable(PeerAt(host.address).channel, executable, options);
       if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
         spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
                      sent.ToString());
-        sent = SendExecutable(WorkerStub(host.address), executable, options);
+        sent = SendExecutable(PeerAt(host.address).channel, executable, options);
       }
       RETURN_IF_ERROR(sent);
       bytes_sent += static_cast<int64_t>(executable.size());

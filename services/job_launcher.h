@@ -94,13 +94,18 @@ class JobLauncher {
   std::string UnreachableHost(const v1::JobManifest& job, const std::string& except);
   // Called once a job reached a final state: its telemetry ends after what is pending.
   void Finished(const std::string& job_id);
-  v1::Worker::Stub& WorkerStub(const std::string& address);
+  struct Peer {  // one channel per worker address, shared by its stub and the transfers
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Worker::Stub> stub;
+  };
+  const Peer& PeerAt(const std::string& address);
+  v1::Worker::Stub& WorkerStub(const std::string& address) { return *PeerAt(address).stub; }
 
   const Config config_;
   BackgroundTasks launches_;
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by address; entries stay put
 };
 
 }  // namespace meshrun::services

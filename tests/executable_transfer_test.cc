@@ -46,7 +46,8 @@ class ExecutableTransferTest : public ::testing::Test {
                                        .state_dir = Dir("worker")});
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = std::move(*worker);
-    stub_ = v1::Worker::NewStub(MakeChannel("127.0.0.1:" + std::to_string(worker_->port())));
+    channel_ = MakeChannel("127.0.0.1:" + std::to_string(worker_->port()));
+    stub_ = v1::Worker::NewStub(channel_);
   }
   void TearDown() override {
     if (worker_ != nullptr) worker_->Drain(absl::Seconds(1));
@@ -64,6 +65,7 @@ class ExecutableTransferTest : public ::testing::Test {
   }
 
   std::unique_ptr<WorkerServer> worker_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Worker::Stub> stub_;
 };
 
@@ -81,13 +83,13 @@ TEST_F(ExecutableTransferTest, ArtifactAboveTwoGibArrivesWholeAndVerified) {
   ASSERT_TRUE(entry.ok() && entry->has_value()) << entry.status();
   ASSERT_EQ((*entry)->size(), size);
 
-  ASSERT_TRUE(SendExecutable(*stub_, **entry).ok());
+  ASSERT_TRUE(SendExecutable(channel_, **entry).ok());
   EXPECT_EQ(std::filesystem::file_size(StoredPath(digest)), size);
   auto stored = Sha256File(StoredPath(digest));
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(*stored, digest);
   // Sending what the worker already holds is refused, so nothing is ever sent twice.
-  EXPECT_EQ(SendExecutable(*stub_, **entry).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(SendExecutable(channel_, **entry).code(), absl::StatusCode::kAlreadyExists);
 }
 
 // Streams `bytes` in 1 MiB chunks, announcing `total` bytes and `sha256` at the end.
@@ -124,6 +126,25 @@ TEST_F(ExecutableTransferTest, CorruptOrTruncatedTransfersAreRefusedAndLeaveNoth
   // The intact stream afterwards is accepted.
   EXPECT_TRUE(SendRaw(*stub_, bytes, bytes.size(), digest).ok());
   EXPECT_EQ(StoredFiles(), 1u);
+}
+
+// A cache file damaged after its lookup (here: shrunk) ends the transfer with DATA_LOSS,
+// and the worker keeps nothing of the bytes it got.
+TEST_F(ExecutableTransferTest, DamagedCacheFileEndsTheTransferAndLeavesNothing) {
+  const std::string bytes = PseudoRandomBytes((3 << 20) + 11);
+  auto cache = coordinator::ExecutableCache::Create({.directory = Dir("cache")});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string key = Sha256Hex("shrinks");
+  ASSERT_TRUE((*cache)->Insert(key, bytes).ok());
+  auto entry = (*cache)->Lookup(key);
+  ASSERT_TRUE(entry.ok() && entry->has_value()) << entry.status();
+  std::filesystem::resize_file((*entry)->path(), (3 << 20) / 2);
+
+  const absl::Status sent = SendExecutable(channel_, **entry);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kDataLoss) << sent;
+  // The sender cancelled the call; the worker drops its partial file as it sees the cancel.
+  for (int i = 0; i < 500 && StoredFiles() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(StoredFiles(), 0u);
 }
 
 }  // namespace
