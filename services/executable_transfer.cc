@@ -8,7 +8,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "services/server_support.h"
@@ -41,74 +41,96 @@ absl::StatusOr<grpc::ByteBuffer> EncodeChunk(const v1::LoadExecutableChunk& fiel
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// Streams the chunks with one write in flight, then half-closes and waits for the worker's
-// answer. Owned by SendExecutable's frame, which waits for OnDone.
+// The fields of the chunk at `offset` (`size` bytes), all but its data.
+v1::LoadExecutableChunk ChunkFields(const coordinator::CachedExecutable& executable,
+                                    uint64_t offset, size_t size) {
+  v1::LoadExecutableChunk fields;
+  if (offset == 0) {  // only the first chunk names them
+    fields.set_fingerprint(executable.sha256());
+    fields.set_total_bytes(static_cast<int64_t>(executable.size()));
+  }
+  fields.set_offset(static_cast<int64_t>(offset));
+  if (offset + size == executable.size()) fields.set_sha256(executable.sha256());
+  return fields;
+}
+
+// One call, driven from the caller's thread: it reads chunk k+1 from the cache file while
+// chunk k is being written, with one write in flight, so gRPC's threads never wait for the
+// disk. Lives on Send's frame, which returns only after OnDone.
 class ChunkWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ChunkWriter(const coordinator::CachedExecutable& executable, size_t chunk_bytes)
-      : executable_(executable), chunk_bytes_(chunk_bytes) {}
-
-  void Start(grpc::GenericStub& stub, grpc::ClientContext* context) {
-    context_ = context;
+  absl::Status Send(grpc::GenericStub& stub, grpc::ClientContext* context,
+                    const coordinator::CachedExecutable& executable, size_t chunk_bytes) {
     stub.PrepareBidiStreamingCall(
         context, absl::StrCat("/", v1::Worker::service_full_name(), "/LoadExecutable"), {}, this);
     StartRead(&response_);
-    WriteNext();
+    AddHold();  // writes start outside reactions
     StartCall();
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {  // the stream broke; OnDone brings the worker's reason
-      write_failed_ = true;
-      return;
+    absl::Status read;
+    bool writable = true;
+    for (uint64_t offset = 0; writable && offset < executable.size();) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(chunk_bytes, executable.size() - offset));
+      absl::StatusOr<grpc::ByteBuffer> next =
+          EncodeChunk(ChunkFields(executable, offset, n), executable, offset, n);
+      if (!next.ok()) {  // the cache file is damaged: end the call, the worker keeps nothing
+        read = next.status();
+        context->TryCancel();
+        break;
+      }
+      writable = WaitForWrite();
+      if (writable) {
+        Write(*std::move(next));
+        offset += n;
+      }
     }
-    WriteNext();
-  }
-  void OnReadDone(bool) override {}
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    done_.Notify();
-  }
-
-  absl::Status Wait() {
-    done_.WaitForNotification();
-    if (!read_error_.ok()) return read_error_;
+    if (read.ok() && writable && WaitForWrite()) StartWritesDone();
+    RemoveHold();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (!read.ok()) return read;
     absl::Status finished = FromGrpcStatus(status_);
     if (!finished.ok()) return finished;  // the worker's reason beats our write error
-    if (write_failed_) return absl::UnavailableError("worker closed the stream");
+    if (!write_ok_) return absl::UnavailableError("worker closed the stream");
     return absl::OkStatus();
   }
 
- private:
-  void WriteNext() {
-    if (offset_ == executable_.size()) return StartWritesDone();
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, executable_.size() - offset_));
-    v1::LoadExecutableChunk fields;
-    if (offset_ == 0) {  // only the first chunk names them
-      fields.set_fingerprint(executable_.sha256());
-      fields.set_total_bytes(static_cast<int64_t>(executable_.size()));
-    }
-    fields.set_offset(static_cast<int64_t>(offset_));
-    if (offset_ + n == executable_.size()) fields.set_sha256(executable_.sha256());
-    absl::StatusOr<grpc::ByteBuffer> chunk = EncodeChunk(fields, executable_, offset_, n);
-    if (!chunk.ok()) {  // the cache file is damaged: end the call, nothing is kept
-      read_error_ = chunk.status();
-      return context_->TryCancel();
-    }
-    buffer_ = *std::move(chunk);
-    offset_ += n;
-    StartWrite(&buffer_);
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    write_ok_ = ok;  // false: the stream broke; OnDone brings the worker's reason
+  }
+  void OnReadDone(bool) override {}
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
   }
 
-  const coordinator::CachedExecutable& executable_;
-  const size_t chunk_bytes_;
-  uint64_t offset_ = 0;
-  grpc::ByteBuffer buffer_;
+ private:
+  // Waits for the write in flight, if any; false if the stream broke.
+  bool WaitForWrite() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &ChunkWriter::NotWriting));
+    return write_ok_;
+  }
+  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; }
+  void Write(grpc::ByteBuffer chunk) {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = true;
+    }
+    in_flight_ = std::move(chunk);  // the previous write is done with it
+    StartWrite(&in_flight_);
+  }
+
+  grpc::ByteBuffer in_flight_;
   grpc::ByteBuffer response_;
-  grpc::ClientContext* context_ = nullptr;
-  bool write_failed_ = false;
-  absl::Status read_error_;
-  grpc::Status status_;
-  absl::Notification done_;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_ok_ ABSL_GUARDED_BY(mu_) = true;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -121,9 +143,8 @@ absl::Status SendExecutable(const std::shared_ptr<grpc::Channel>& worker,
       options.base_timeout +
       absl::Seconds(static_cast<double>(executable.size()) / options.min_bytes_per_second));
   grpc::GenericStub stub(worker);
-  ChunkWriter writer(executable, options.chunk_bytes);
-  writer.Start(stub, context.get());
-  return writer.Wait();
+  ChunkWriter writer;
+  return writer.Send(stub, context.get(), executable, options.chunk_bytes);
 }
 
 }  // namespace meshrun::services

@@ -467,10 +467,10 @@ absl::StatusOr<runtime::HostArray> ReplicaRows(const runtime::HostArray& array, 
 absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
                                                                  const v1::Program& step,
                                                                  int first_batch_input,
-                                                                 const std::string& host) {
+                                                                 const std::string& host,
+                                                                 Replica replica) {
   const v1::DataSource& data = manifest.spec().data();
   const v1::MeshAssignment& mesh = manifest.mesh();
-  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(mesh, host));
   if (data.has_example_bundle()) {
     ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
     if (bundle.batches.empty()) {
@@ -588,9 +588,10 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   const v1::Program& batch_program = *FindProgram(spec, mode_b ? "grad" : "step");
   const v1::Program& last_program = *FindProgram(spec, mode_b ? "apply" : "step");
   const int num_grad_acc = mode_b ? last_program.inputs_size() - spec.state_count() : 0;
+  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(manifest.mesh(), config_.identity.host));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
                    MakeBatches(manifest, batch_program, spec.state_count() + num_grad_acc,
-                               config_.identity.host));
+                               config_.identity.host, replica));
   worker::RunSpec run{.job_id = manifest.job_id(),
                       .host = config_.identity.host,
                       .num_state = spec.state_count(),
@@ -626,7 +627,6 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                      WithPlanTables(std::move(batches), spec, batch_program, plans_, metrics_));
   }
   // Host replicas average their accumulators between grad and apply.
-  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(manifest.mesh(), config_.identity.host));
   worker::StepLoop::GradientHook reduce_gradients;
   if (replica.count > 1) {
     // Gloo listens on the address the coordinator reaches this worker at.
