@@ -1,9 +1,10 @@
 // Distributing one 256 MiB executable to 2 workers over loopback, all in this process:
 //   meshrun   the coordinator's path: an ExecutableCache entry streamed by
 //             services::SendExecutable (as JobLauncher does), each 1 MiB chunk read from the
-//             cache file into the buffer gRPC sends, to two real WorkerServers, whose upload thread appends each chunk to a temp file and hashes
-//             it (sha256) while the next arrives; on the last one they verify, fsync and
-//             rename it into their ExecutableStore.
+//             cache file into the buffer gRPC sends, to two real WorkerServers, whose upload
+//             thread appends each chunk to a temp file and hashes it (sha256) while the next
+//             arrives; on the last one they verify, fsync and rename it into their
+//             ExecutableStore.
 //   grpc      the same bytes, from memory, in 1 MiB chunks (same message type, same channel
 //             options) to two bare servers in this process whose LoadExecutable reads and
 //             discards each chunk.

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
 
 namespace meshrun::coordinator {
@@ -140,6 +142,13 @@ absl::Status CheckSparseAttention(const v1::SparseAttention& sparse, const v1::P
   const worker::sparse::MaskContract contract = SparseContractOf(sparse);
   if (absl::Status s = contract.Validate(); !s.ok()) {
     return Invalid("sparse_attention", absl::StrCat("is not a legal mask contract: ", s.message()));
+  }
+  // One document spanning the sequence allows the most tiles (documents only remove tiles), so
+  // if its plan fits, every batch's plan fits: refuse here rather than at the first batch.
+  if (absl::Status s = worker::sparse::BuildBlockPlan(
+          contract, std::vector<int32_t>(static_cast<size_t>(contract.seq_len), 0)).status();
+      !s.ok()) {
+    return Invalid("sparse_attention", std::string(s.message()));
   }
   int doc_index = -1;
   const v1::TensorSpec* doc_ids = FindInput(step, sparse.doc_ids_input(), &doc_index);

@@ -199,8 +199,11 @@ TEST(JobValidationTest, SparseAttentionContractIsChecked) {
       {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_data_next_input("batch.tokens"); },
        "spec.sparse_attention.data_next_input \"batch.tokens\" must be among the step's last 3"},
       {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_max_grid_width(2); },
-       "spec.sparse_attention.data_next_input \"plan.data_next\" is u8 [8, 4, 3] but the "
-       "contract makes it u8 [8, 4, 2]"},
+       "spec.sparse_attention max_grid_width=2 is too small: q-block row 2 needs 3 active "
+       "tiles (the widest); raise max_grid_width to at least 3"},
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_inputs()->rbegin()[1].set_shape(2, 2); },
+       "spec.sparse_attention.data_next_input \"plan.data_next\" is u8 [8, 4, 2] but the "
+       "contract makes it u8 [8, 4, 3]"},
       {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_grid_width_input("plan.gw"); },
        "spec.sparse_attention.grid_width_input \"plan.gw\" is not an input"},
   };

@@ -138,7 +138,11 @@ class ChunkWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
 absl::Status SendExecutable(const std::shared_ptr<grpc::Channel>& worker,
                             const coordinator::CachedExecutable& executable,
                             const TransferOptions& options) {
-  if (options.chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be positive");
+  constexpr size_t kMax = worker::ExecutableStore::kMaxChunkBytes;
+  if (options.chunk_bytes == 0 || options.chunk_bytes > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes=", options.chunk_bytes, " must be in [1, ", kMax, "]"));
+  }
   auto context = ContextWithTimeout(
       options.base_timeout +
       absl::Seconds(static_cast<double>(executable.size()) / options.min_bytes_per_second));

@@ -15,11 +15,12 @@
 #include "absl/time/time.h"
 #include "coordinator/executable_cache.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/executable_store.h"
 
 namespace meshrun::services {
 
 struct TransferOptions {
-  size_t chunk_bytes = 1 << 20;  // at most 1 MiB, the worker's limit
+  size_t chunk_bytes = worker::ExecutableStore::kMaxChunkBytes;  // the worker's limit
   // Deadline = base_timeout + size / min_bytes_per_second, so multi-GiB artifacts get the
   // time they need on a slow link and a stalled one still ends.
   absl::Duration base_timeout = absl::Seconds(60);
@@ -28,7 +29,8 @@ struct TransferOptions {
 
 // Errors: the worker's (INVALID_ARGUMENT bad chunk, DATA_LOSS truncated or corrupt: nothing
 // kept, ALREADY_EXISTS it holds the executable); UNAVAILABLE / DEADLINE_EXCEEDED; the cache's
-// read errors (DATA_LOSS: the entry's file is damaged); INVALID_ARGUMENT chunk_bytes 0.
+// read errors (DATA_LOSS: the entry's file is damaged); INVALID_ARGUMENT chunk_bytes 0 or
+// above the worker's limit.
 absl::Status SendExecutable(const std::shared_ptr<grpc::Channel>& worker,
                             const coordinator::CachedExecutable& executable,
                             const TransferOptions& options = {});

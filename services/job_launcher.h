@@ -88,6 +88,7 @@ class JobLauncher {
   absl::StatusOr<std::string> CompileOnWorker(const coordinator::WorkerInfo& host,
                                               const v1::Program& program,
                                               const std::string& compile_options);
+  // Asks every live worker of `job` to stop it, all at once, each within 5 s; logs failures.
   void StopWorkers(const v1::JobManifest& job);
   // The first of the job's workers other than `except` that does not answer (1 s) as the
   // incarnation the job runs on; "" when all do.

@@ -147,5 +147,21 @@ TEST_F(ExecutableTransferTest, DamagedCacheFileEndsTheTransferAndLeavesNothing) 
   EXPECT_EQ(StoredFiles(), 0u);
 }
 
+// Chunk sizes the worker would refuse are refused before a call is made.
+TEST_F(ExecutableTransferTest, ChunkSizeOutsideTheWorkersLimitIsRefused) {
+  auto cache = coordinator::ExecutableCache::Create({.directory = Dir("cache")});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string key = Sha256Hex("chunked");
+  ASSERT_TRUE((*cache)->Insert(key, PseudoRandomBytes(3 << 20)).ok());
+  auto entry = (*cache)->Lookup(key);
+  ASSERT_TRUE(entry.ok() && entry->has_value()) << entry.status();
+  for (size_t chunk_bytes : {size_t{0}, (size_t{1} << 20) + 1}) {
+    const absl::Status refused = SendExecutable(channel_, **entry, {.chunk_bytes = chunk_bytes});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("chunk_bytes="), absl::string_view::npos) << refused;
+  }
+  EXPECT_EQ(StoredFiles(), 0u);
+}
+
 }  // namespace
 }  // namespace meshrun::services
