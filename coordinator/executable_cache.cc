@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/file_sync.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 
@@ -423,7 +424,9 @@ absl::StatusOr<std::pair<int, std::string>> ExecutableCache::WriteTemp(const std
     }
     done += static_cast<size_t>(wrote);
   }
-  if (::fsync(fd) != 0) return fail(ErrnoStatus(errno, absl::StrCat("fsync ", path)));
+  if (const int error = FsyncInPieces(fd); error != 0) {
+    return fail(ErrnoStatus(error, absl::StrCat("fsync ", path)));
+  }
   if (absl::Status status = SetMtime(fd, mtime, path); !status.ok()) return fail(status);
   return std::make_pair(fd, path);
 }

@@ -84,6 +84,11 @@ TEST_F(ExecutableTransferTest, ArtifactAboveTwoGibArrivesWholeAndVerified) {
   ASSERT_EQ((*entry)->size(), size);
 
   ASSERT_TRUE(SendExecutable(channel_, **entry).ok());
+  // Acknowledged once verified; the worker's flusher then renames it into place (fsynced).
+  for (int i = 0; i < 1200 && !std::filesystem::exists(StoredPath(digest)); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(StoredPath(digest))) << "not flushed within 60 s";
   EXPECT_EQ(std::filesystem::file_size(StoredPath(digest)), size);
   auto stored = Sha256File(StoredPath(digest));
   ASSERT_TRUE(stored.ok()) << stored.status();

@@ -1,6 +1,7 @@
 #include "worker/executable_store.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_sync.h"
 #include "common/status_macros.h"
 
 namespace meshrun::worker {
@@ -30,6 +32,21 @@ bool IsFingerprint(const std::string& s) {
   return true;
 }
 
+// fsyncs the file or directory at `path`, a file's data in pieces (common/file_sync.h).
+bool SyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return false;
+  int error = 0;
+  if ((flags & O_DIRECTORY) == 0) {
+    error = FsyncInPieces(fd);
+  } else if (::fsync(fd) != 0) {
+    error = errno;
+  }
+  ::close(fd);
+  errno = error;
+  return error == 0;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
@@ -40,13 +57,89 @@ absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create executable store ", directory, ": ", ec.message()));
   }
-  // Temp files of transfers cut short by a crash.
+  auto store = std::unique_ptr<ExecutableStore>(new ExecutableStore(directory));
+  // Temp files left by a crash: transfers cut short, and committed ones not yet flushed. A
+  // file that hashes to its fingerprint is the executable: kept. Anything else goes.
+  bool kept = false;
   for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
-    if (absl::StrContains(entry.path().filename().string(), ".partial.")) {
+    const std::string name = entry.path().filename().string();
+    const size_t mark = name.find(".partial.");
+    if (mark == std::string::npos) continue;
+    const std::string fp = name.substr(0, mark);
+    const std::string final_path = store->PathOf(fp);
+    absl::StatusOr<std::string> digest = Sha256File(entry.path().string());
+    if (IsFingerprint(fp) && !std::filesystem::exists(final_path) && digest.ok() &&
+        *digest == fp && SyncPath(entry.path().string(), O_RDONLY) &&
+        ::rename(entry.path().c_str(), final_path.c_str()) == 0) {
+      spdlog::info("executable store: kept {} (committed before a restart)", fp.substr(0, 12));
+      kept = true;
+    } else {
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  return std::unique_ptr<ExecutableStore>(new ExecutableStore(directory));
+  if (kept && !SyncPath(directory, O_RDONLY | O_DIRECTORY)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot flush executable store ", directory, ": ", std::strerror(errno)));
+  }
+  return store;
+}
+
+ExecutableStore::ExecutableStore(std::string directory)
+    : directory_(std::move(directory)), flusher_([this] { FlushLoop(); }) {}
+
+ExecutableStore::~ExecutableStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  flusher_.join();
+}
+
+void ExecutableStore::Publish(const std::string& fingerprint, const std::string& temp_path) {
+  absl::MutexLock lock(&mu_);
+  if (pending_.count(fingerprint) > 0 || std::filesystem::exists(PathOf(fingerprint))) {
+    ::unlink(temp_path.c_str());  // a second copy of what is held
+    return;
+  }
+  pending_[fingerprint] = temp_path;
+  to_flush_.push_back(fingerprint);
+}
+
+void ExecutableStore::FlushLoop() {
+  for (;;) {
+    std::string fp, temp;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &ExecutableStore::HasFlushWork));
+      if (to_flush_.empty()) return;  // stopping, everything flushed
+      fp = std::move(to_flush_.front());
+      to_flush_.pop_front();
+      temp = pending_[fp];
+      flushing_ = true;
+    }
+    // Readers find the bytes at the temp path until the rename, made under mu_.
+    const bool synced = SyncPath(temp, O_RDONLY);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!synced || ::rename(temp.c_str(), PathOf(fp).c_str()) != 0) {
+        spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
+                      "sent again", fp.substr(0, 12), std::strerror(errno));
+        ::unlink(temp.c_str());
+      }
+      pending_.erase(fp);
+    }
+    if (!SyncPath(directory_, O_RDONLY | O_DIRECTORY)) {
+      spdlog::error("executable store: cannot flush directory {}: {}", directory_,
+                    std::strerror(errno));
+    }
+    absl::MutexLock lock(&mu_);
+    flushing_ = false;
+  }
+}
+
+void ExecutableStore::Flush() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &ExecutableStore::AllDurable));
 }
 
 std::string ExecutableStore::PathOf(const std::string& fingerprint) const {
@@ -67,17 +160,15 @@ absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
   }
-  return std::unique_ptr<Upload>(
-      new Upload(fingerprint, total, temp, PathOf(fingerprint), directory_, fd));
+  return std::unique_ptr<Upload>(new Upload(this, fingerprint, total, temp, fd));
 }
 
-ExecutableStore::Upload::Upload(std::string fingerprint, int64_t total, std::string temp_path,
-                                std::string final_path, std::string directory, int fd)
-    : fingerprint_(std::move(fingerprint)),
+ExecutableStore::Upload::Upload(ExecutableStore* store, std::string fingerprint, int64_t total,
+                                std::string temp_path, int fd)
+    : store_(store),
+      fingerprint_(std::move(fingerprint)),
       total_(total),
       temp_path_(std::move(temp_path)),
-      final_path_(std::move(final_path)),
-      directory_(std::move(directory)),
       fd_(fd),
       writer_([this] { WriteLoop(); }) {}
 
@@ -102,9 +193,6 @@ void ExecutableStore::Upload::StopWriter() {
 }
 
 void ExecutableStore::Upload::WriteLoop() {
-  // Writeback is started every this many bytes, so the disk works while chunks still arrive.
-  constexpr int64_t kWritebackBytes = 8 << 20;
-  int64_t written = 0, flushed = 0;
   std::function<void()> wake;
   for (;;) {
     std::string data;
@@ -141,19 +229,12 @@ void ExecutableStore::Upload::WriteLoop() {
       return;
     }
     hasher_.Update(data);
-    written += static_cast<int64_t>(data.size());
     {
       absl::MutexLock lock(&mu_);
       if (spare_.size() < kMaxQueuedChunks) {
         data.clear();  // keeps the capacity
         spare_.push_back(std::move(data));
       }
-    }
-    if (written - flushed >= kWritebackBytes) {
-      // Only starts the writeback (Commit's fsync is what makes the file durable); an error
-      // here shows up again there.
-      ::sync_file_range(fd_, flushed, written - flushed, SYNC_FILE_RANGE_WRITE);
-      flushed = written;
     }
   }
 }
@@ -219,40 +300,41 @@ absl::Status ExecutableStore::Upload::Commit(const std::string& sha256) {
                                             ", announced ", sha256, ", fingerprint ",
                                             fingerprint_));
   }
-  const bool flushed = ::fsync(fd_) == 0;
   const bool closed = ::close(fd_) == 0;
   fd_ = -1;
-  if (!flushed || !closed) return absl::InternalError(absl::StrCat("cannot flush ", temp_path_));
-  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename into ", final_path_, ": ",
+  if (!closed) {
+    return absl::InternalError(absl::StrCat("cannot write ", temp_path_, ": ",
                                             std::strerror(errno)));
   }
   done_ = true;
-  // The rename itself must reach the disk before the executable is acknowledged.
-  const int dir = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const bool dir_synced = dir >= 0 && ::fsync(dir) == 0;
-  if (dir >= 0) ::close(dir);
-  if (!dir_synced) {
-    return absl::InternalError(absl::StrCat("cannot flush directory ", directory_, ": ",
-                                            std::strerror(errno)));
-  }
+  store_->Publish(fingerprint_, temp_path_);
   return absl::OkStatus();
 }
 
 bool ExecutableStore::Has(const std::string& fingerprint) const {
-  return IsFingerprint(fingerprint) && std::filesystem::exists(PathOf(fingerprint));
+  if (!IsFingerprint(fingerprint)) return false;
+  absl::MutexLock lock(&mu_);
+  return pending_.count(fingerprint) > 0 || std::filesystem::exists(PathOf(fingerprint));
 }
 
 absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint) const {
-  if (!Has(fingerprint)) {
+  std::ifstream in;
+  std::string path;
+  if (IsFingerprint(fingerprint)) {
+    absl::MutexLock lock(&mu_);  // opened before the flusher can rename it
+    auto it = pending_.find(fingerprint);
+    path = it != pending_.end() ? it->second : PathOf(fingerprint);
+    in.open(path, std::ios::binary);
+  }
+  if (!in.is_open()) {
     return absl::NotFoundError(absl::StrCat("executable ", fingerprint, " is not held here"));
   }
-  std::ifstream in(PathOf(fingerprint), std::ios::binary);
   std::stringstream bytes;
   bytes << in.rdbuf();
   std::string contents = bytes.str();
   if (Sha256Hex(contents) != fingerprint) {
-    std::filesystem::remove(PathOf(fingerprint));
+    absl::MutexLock lock(&mu_);
+    std::filesystem::remove(path);
     return absl::DataLossError(
         absl::StrCat("executable ", fingerprint, " was corrupted on disk; deleted"));
   }
@@ -262,11 +344,13 @@ absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint
 std::vector<std::string> ExecutableStore::Fingerprints() const {
   std::vector<std::string> out;
   std::error_code ec;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [fp, temp] : pending_) out.push_back(fp);
   for (const auto& entry : std::filesystem::directory_iterator(directory_, ec)) {
     const std::string name = entry.path().filename().string();
     if (absl::EndsWith(name, kSuffix)) {
       const std::string fp = name.substr(0, name.size() - std::strlen(kSuffix));
-      if (IsFingerprint(fp)) out.push_back(fp);
+      if (IsFingerprint(fp) && pending_.count(fp) == 0) out.push_back(fp);
     }
   }
   std::sort(out.begin(), out.end());

@@ -1,9 +1,14 @@
 // The worker's local store of serialized executables, by fingerprint (the sha256 of the
 // bytes). Transfers land in a temp file and become visible only when complete and verified,
-// so a truncated or corrupted transfer leaves nothing behind. Survives restarts: the worker
-// reports what it holds when it registers, and the coordinator skips sending those.
+// so a truncated or corrupted transfer leaves nothing behind. A committed executable is
+// readable at once; the store's flusher thread then makes it durable (fsync, rename to its
+// final name, fsync of the directory), so acknowledging a transfer never waits for the disk.
+// Survives restarts: Create() keeps a committed file that a crash caught before its flush if
+// it still hashes to its fingerprint (a power loss may have torn it: then it is deleted and
+// the coordinator sends it again), and the worker reports what it holds when it registers.
 //
-// Lifetime: Create() returns an owned store; an Upload must not outlive it.
+// Lifetime: Create() returns an owned store; an Upload must not outlive it. Destroying the
+// store first flushes what was committed.
 // Thread-safety: Store methods are safe to call concurrently; one Upload belongs to one
 // caller at a time (its own thread is internal).
 #pragma once
@@ -11,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,8 +36,7 @@ class ExecutableStore {
 
   // An executable arriving in order, chunk by chunk. Append only checks and queues a chunk
   // (at most kMaxQueuedChunks wait; then it blocks): a thread of the upload hashes and writes
-  // it, so the caller can receive the next chunk meanwhile. It also starts writing the file
-  // back to disk as it goes, so Commit's fsync has little left to wait for.
+  // it, so the caller can receive the next chunk meanwhile.
   class Upload {
    public:
     static constexpr int kMaxQueuedChunks = 4;
@@ -49,18 +54,17 @@ class ExecutableStore {
     // stop receiving meanwhile instead of blocking its thread.
     bool HasRoomOrNotify(std::function<void()> wake);
     // Waits for the queued chunks, verifies the length and both digests (announced `sha256`
-    // and the fingerprint), fsyncs the file, renames it into place and fsyncs the directory,
-    // so an acknowledged executable survives a crash. Call at most once.
-    // Errors: DATA_LOSS (truncated or checksum mismatch; discarded), INTERNAL (write, fsync or
-    // rename failed: discarded; or the directory's fsync failed), FAILED_PRECONDITION (called
-    // twice).
+    // and the fingerprint), and hands the file to the store: readable from now on, durable
+    // once the flusher is done with it. Call at most once.
+    // Errors: DATA_LOSS (truncated or checksum mismatch; discarded), INTERNAL (a write
+    // failed: discarded), FAILED_PRECONDITION (called twice).
     absl::Status Commit(const std::string& sha256);
     int64_t received() const { return received_; }
 
    private:
     friend class ExecutableStore;
-    Upload(std::string fingerprint, int64_t total, std::string temp_path, std::string final_path,
-           std::string directory, int fd);
+    Upload(ExecutableStore* store, std::string fingerprint, int64_t total, std::string temp_path,
+           int fd);
     absl::Status Check(int64_t offset, size_t size) const;
     void WriteLoop();  // the upload's thread: hashes and writes queued chunks in order
     void StopWriter();  // finishes the queue (emptied first when discarding) and joins
@@ -69,9 +73,10 @@ class ExecutableStore {
       return queue_.size() < kMaxQueuedChunks || !write_status_.ok();
     }
 
+    ExecutableStore* const store_;
     const std::string fingerprint_;
     const int64_t total_;
-    const std::string temp_path_, final_path_, directory_;
+    const std::string temp_path_;
     int fd_;
     int64_t received_ = 0;  // queued bytes; the caller's thread only
     bool done_ = false;
@@ -87,6 +92,7 @@ class ExecutableStore {
 
   // Errors: FAILED_PRECONDITION (directory cannot be created; path named).
   static absl::StatusOr<std::unique_ptr<ExecutableStore>> Create(const std::string& directory);
+  ~ExecutableStore();
 
   // Errors: INVALID_ARGUMENT (fingerprint not 64 lowercase hex, total not positive),
   // INTERNAL (temp file cannot be created).
@@ -96,11 +102,30 @@ class ExecutableStore {
   // Errors: NOT_FOUND; DATA_LOSS when the file no longer matches its fingerprint (deleted).
   absl::StatusOr<std::string> Read(const std::string& fingerprint) const;
   std::vector<std::string> Fingerprints() const;
+  // Blocks until every executable committed so far is durable under its final name.
+  void Flush();
 
  private:
-  explicit ExecutableStore(std::string directory) : directory_(std::move(directory)) {}
+  explicit ExecutableStore(std::string directory);
   std::string PathOf(const std::string& fingerprint) const;
+  // Commit's hand-over: `temp_path` holds the verified bytes of `fingerprint`.
+  void Publish(const std::string& fingerprint, const std::string& temp_path);
+  void FlushLoop();  // the flusher thread: makes published files durable, in order
+  bool HasFlushWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !to_flush_.empty();
+  }
+  bool AllDurable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_.empty() && !flushing_;
+  }
+
   const std::string directory_;
+  mutable absl::Mutex mu_;
+  // Committed, not yet durable: fingerprint -> temp path (renamed under mu_ when flushed).
+  std::map<std::string, std::string> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> to_flush_ ABSL_GUARDED_BY(mu_);  // fingerprints, commit order
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // the flusher is working on one
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread flusher_;
 };
 
 }  // namespace meshrun::worker

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
@@ -31,6 +35,49 @@ TEST(ExecutableStoreTest, ChunkedUploadBecomesVisibleWhenVerified) {
   EXPECT_TRUE(store->Has(fp));
   EXPECT_EQ(store->Read(fp).value(), bytes);
   EXPECT_EQ(store->Fingerprints(), std::vector<std::string>{fp});
+  // The flusher makes it durable under its final name; nothing else is left in the directory.
+  store->Flush();
+  const std::string dir = ::testing::TempDir() + "/executable_store_test/ok";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + fp + ".xexe"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()), 1);
+  EXPECT_EQ(store->Read(fp).value(), bytes);
+}
+
+// What a crash leaves: an executable committed but not yet flushed is kept when it still
+// hashes to its fingerprint; a torn one, or a transfer cut short, is deleted. A store that is
+// destroyed flushes first.
+TEST(ExecutableStoreTest, RestartKeepsIntactCommittedFilesAndDropsTornOnes) {
+  const std::string dir = ::testing::TempDir() + "/executable_store_test/restart";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string intact = "committed before the crash", torn = "flushed only in part";
+  auto leave = [&](const std::string& fingerprint, const std::string& contents, int n) {
+    std::ofstream(absl::StrCat(dir, "/", fingerprint, ".partial.4242.", n)) << contents;
+  };
+  leave(Sha256Hex(intact), intact, 0);
+  leave(Sha256Hex(torn), torn.substr(0, 7), 1);
+  leave("not-a-fingerprint", "", 2);
+  const std::string flushed_on_exit = "flushed as the store goes";
+  {
+    auto store = ExecutableStore::Create(dir).value();
+    EXPECT_EQ(store->Fingerprints(), std::vector<std::string>{Sha256Hex(intact)});
+    EXPECT_EQ(store->Read(Sha256Hex(intact)).value(), intact);
+    EXPECT_FALSE(store->Has(Sha256Hex(torn)));
+    const std::string fp = Sha256Hex(flushed_on_exit);
+    auto upload = store->Begin(fp, static_cast<int64_t>(flushed_on_exit.size())).value();
+    ASSERT_TRUE(upload->Append(0, flushed_on_exit).ok());
+    ASSERT_TRUE(upload->Commit(fp).ok());
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> expected = {Sha256Hex(intact) + ".xexe",
+                                       Sha256Hex(flushed_on_exit) + ".xexe"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(names, expected);
 }
 
 TEST(ExecutableStoreTest, TruncatedCorruptOrDisorderedTransfersLeaveNothing) {
