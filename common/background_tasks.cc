@@ -1,6 +1,15 @@
 #include "common/background_tasks.h"
 
+#include <vector>
+
 namespace meshrun {
+
+void RunConcurrently(size_t n, const std::function<void(size_t)>& task) {
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(task, i);
+  for (std::thread& thread : threads) thread.join();
+}
 
 void BackgroundTasks::Run(std::function<void()> task) {
   absl::MutexLock lock(&mu_);

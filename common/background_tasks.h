@@ -40,4 +40,8 @@ class BackgroundTasks {
   std::list<Task> tasks_ ABSL_GUARDED_BY(mu_);
 };
 
+// Runs task(0) .. task(n - 1), each on a thread of its own, and returns when all finished:
+// calls to several hosts then cost the slowest one's time, not the sum.
+void RunConcurrently(size_t n, const std::function<void(size_t)>& task);
+
 }  // namespace meshrun

@@ -45,5 +45,22 @@ TEST(BackgroundTasksTest, DestructorWaitsForRunningTasks) {
   EXPECT_TRUE(finished);
 }
 
+// Every index runs once, all at the same time: each task waits until all have started.
+TEST(RunConcurrentlyTest, RunsEachIndexOnceAllAtOnce) {
+  constexpr size_t kTasks = 4;
+  std::atomic<int> started{0};
+  std::atomic<int> runs[kTasks] = {};
+  RunConcurrently(kTasks, [&](size_t i) {
+    ++runs[i];
+    ++started;
+    for (int spin = 0; spin < 1000 && started < static_cast<int>(kTasks); ++spin) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(started, static_cast<int>(kTasks)) << "task " << i << " ran alone";
+  });
+  for (const auto& n : runs) EXPECT_EQ(n, 1);
+  RunConcurrently(0, [](size_t) { ADD_FAILURE() << "ran a task of none"; });
+}
+
 }  // namespace
 }  // namespace meshrun

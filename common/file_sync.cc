@@ -19,4 +19,12 @@ int FsyncInPieces(int fd) {
   return ::fsync(fd) == 0 ? 0 : errno;
 }
 
+int FsyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int error = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return error;
+}
+
 }  // namespace meshrun

@@ -6,10 +6,16 @@
 // Thread-safety: safe from any thread; blocks for the disk.
 #pragma once
 
+#include <string>
+
 namespace meshrun {
 
 // Writes `fd`'s data back in 32 MiB pieces, waiting for each, then fsyncs it (what is left,
 // the metadata, and any write error). Returns 0, or the errno of the failing fsync.
 int FsyncInPieces(int fd);
+
+// fsyncs the directory at `path`, so renames and creations in it survive a crash. Returns 0,
+// or the errno of the failing open or fsync.
+int FsyncDirectory(const std::string& path);
 
 }  // namespace meshrun

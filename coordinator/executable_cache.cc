@@ -116,12 +116,10 @@ absl::Status SetMtime(int fd, absl::Time mtime, const std::string& path) {
 }
 
 void SyncDirectory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
+  if (const int error = FsyncDirectory(directory); error != 0) {
     spdlog::warn("executable cache: cannot fsync directory {}: {}", directory,
-                 std::strerror(errno));
+                 std::strerror(error));
   }
-  if (fd >= 0) ::close(fd);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/background_tasks.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
@@ -184,17 +185,11 @@ absl::Status CoordinatorRpcHandler::GetMetrics(const v1::GetMetricsRequest& requ
   // Every host at once, so one hung worker costs a scrape its 5 s deadline, not 5 s per host.
   std::vector<v1::WorkerStatusReport> statuses(hosts.size());
   std::vector<grpc::Status> rpcs(hosts.size());
-  {
-    std::vector<std::thread> callers;
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      callers.emplace_back([&, i] {
-        auto context = ContextWithTimeout(absl::Seconds(5));
-        rpcs[i] = v1::Worker::NewStub(MakeChannel(hosts[i].second))
-                      ->GetStatus(context.get(), v1::GetStatusRequest(), &statuses[i]);
-      });
-    }
-    for (std::thread& caller : callers) caller.join();
-  }
+  RunConcurrently(hosts.size(), [&](size_t i) {
+    auto context = ContextWithTimeout(absl::Seconds(5));
+    rpcs[i] = v1::Worker::NewStub(MakeChannel(hosts[i].second))
+                  ->GetStatus(context.get(), v1::GetStatusRequest(), &statuses[i]);
+  });
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (!rpcs[i].ok()) {
       if (!request.host().empty()) return FromGrpcStatus(rpcs[i]);

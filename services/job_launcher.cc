@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -165,18 +164,12 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
 
   // Distribute to every worker at once, skipping what each already holds.
   std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
-  {
-    std::vector<std::thread> senders;
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      std::set<std::string> held(hosts[i].executable_fingerprints.begin(),
-                                 hosts[i].executable_fingerprints.end());
-      if (hosts[i].host == compiler.host) held.insert(compiled_by_worker.begin(), compiled_by_worker.end());
-      senders.emplace_back([&, i, held = std::move(held)] {
-        sent[i] = Distribute(job_id, hosts[i], executables, held);
-      });
-    }
-    for (std::thread& sender : senders) sender.join();
-  }
+  RunConcurrently(hosts.size(), [&](size_t i) {
+    std::set<std::string> held(hosts[i].executable_fingerprints.begin(),
+                               hosts[i].executable_fingerprints.end());
+    if (hosts[i].host == compiler.host) held.insert(compiled_by_worker.begin(), compiled_by_worker.end());
+    sent[i] = Distribute(job_id, hosts[i], executables, held);
+  });
   int64_t bytes_sent = 0;
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (!sent[i].ok()) {
@@ -293,26 +286,26 @@ absl::Status JobLauncher::Cancel(const std::string& job_id) {
 }
 
 void JobLauncher::StopWorkers(const v1::JobManifest& job) {
-  // Every host at once, so one hung worker costs the stop its 5 s deadline, not 5 s per host.
-  std::vector<std::thread> stoppers;
+  std::vector<coordinator::WorkerInfo> running;
   for (const WorkerEntry& entry : config_.registry->List()) {
     auto it = job.host_incarnations().find(entry.info.host);
-    if (it == job.host_incarnations().end() || it->second != entry.info.incarnation ||
-        entry.state != coordinator::WorkerState::kAlive) {
-      continue;
+    if (it != job.host_incarnations().end() && it->second == entry.info.incarnation &&
+        entry.state == coordinator::WorkerState::kAlive) {
+      running.push_back(entry.info);
     }
-    stoppers.emplace_back([this, &job, host = entry.info.host, address = entry.info.address] {
-      v1::StopJobRequest request;
-      request.set_job_id(job.job_id());
-      v1::StopJobResponse response;
-      auto context = ContextWithTimeout(absl::Seconds(5));
-      grpc::Status status = WorkerStub(address).StopJob(context.get(), request, &response);
-      if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
-        spdlog::warn("stopping job {} on {}: {}", job.job_id(), host, status.error_message());
-      }
-    });
   }
-  for (std::thread& stopper : stoppers) stopper.join();
+  // Every host at once, so one hung worker costs the stop its 5 s deadline, not 5 s per host.
+  RunConcurrently(running.size(), [&](size_t i) {
+    v1::StopJobRequest request;
+    request.set_job_id(job.job_id());
+    v1::StopJobResponse response;
+    auto context = ContextWithTimeout(absl::Seconds(5));
+    grpc::Status status = WorkerStub(running[i].address).StopJob(context.get(), request, &response);
+    if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+      spdlog::warn("stopping job {} on {}: {}", job.job_id(), running[i].host,
+                   status.error_message());
+    }
+  });
 }
 
 absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {

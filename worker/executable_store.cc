@@ -32,19 +32,13 @@ bool IsFingerprint(const std::string& s) {
   return true;
 }
 
-// fsyncs the file or directory at `path`, a file's data in pieces (common/file_sync.h).
-bool SyncPath(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return false;
-  int error = 0;
-  if ((flags & O_DIRECTORY) == 0) {
-    error = FsyncInPieces(fd);
-  } else if (::fsync(fd) != 0) {
-    error = errno;
-  }
+// fsyncs the file at `path`, its data in pieces (common/file_sync.h). Returns 0 or an errno.
+int SyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int error = FsyncInPieces(fd);
   ::close(fd);
-  errno = error;
-  return error == 0;
+  return error;
 }
 
 }  // namespace
@@ -67,9 +61,10 @@ absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
     if (mark == std::string::npos) continue;
     const std::string fp = name.substr(0, mark);
     const std::string final_path = store->PathOf(fp);
-    absl::StatusOr<std::string> digest = Sha256File(entry.path().string());
-    if (IsFingerprint(fp) && !std::filesystem::exists(final_path) && digest.ok() &&
-        *digest == fp && SyncPath(entry.path().string(), O_RDONLY) &&
+    // Hashed only when it could be kept.
+    if (IsFingerprint(fp) && !std::filesystem::exists(final_path) &&
+        Sha256File(entry.path().string()).value_or("") == fp &&
+        SyncFile(entry.path().string()) == 0 &&
         ::rename(entry.path().c_str(), final_path.c_str()) == 0) {
       spdlog::info("executable store: kept {} (committed before a restart)", fp.substr(0, 12));
       kept = true;
@@ -77,9 +72,9 @@ absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  if (kept && !SyncPath(directory, O_RDONLY | O_DIRECTORY)) {
+  if (const int error = kept ? FsyncDirectory(directory) : 0; error != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot flush executable store ", directory, ": ", std::strerror(errno)));
+        absl::StrCat("cannot flush executable store ", directory, ": ", std::strerror(error)));
   }
   return store;
 }
@@ -118,19 +113,20 @@ void ExecutableStore::FlushLoop() {
       flushing_ = true;
     }
     // Readers find the bytes at the temp path until the rename, made under mu_.
-    const bool synced = SyncPath(temp, O_RDONLY);
+    int error = SyncFile(temp);
     {
       absl::MutexLock lock(&mu_);
-      if (!synced || ::rename(temp.c_str(), PathOf(fp).c_str()) != 0) {
+      if (error == 0 && ::rename(temp.c_str(), PathOf(fp).c_str()) != 0) error = errno;
+      if (error != 0) {
         spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
-                      "sent again", fp.substr(0, 12), std::strerror(errno));
+                      "sent again", fp.substr(0, 12), std::strerror(error));
         ::unlink(temp.c_str());
       }
       pending_.erase(fp);
     }
-    if (!SyncPath(directory_, O_RDONLY | O_DIRECTORY)) {
+    if (const int dir_error = FsyncDirectory(directory_); dir_error != 0) {
       spdlog::error("executable store: cannot flush directory {}: {}", directory_,
-                    std::strerror(errno));
+                    std::strerror(dir_error));
     }
     absl::MutexLock lock(&mu_);
     flushing_ = false;
