@@ -459,6 +459,16 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                               v1::ReportJobProgressResponse* response) override {
     return FinishUnary(context, [&] { return handler_->ReportJobProgress(*request, response); });
   }
+  grpc::ServerUnaryReactor* ReportCheckpoint(grpc::CallbackServerContext* context,
+                                             const v1::ReportCheckpointRequest* request,
+                                             v1::ReportCheckpointResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->ReportCheckpoint(*request, response); });
+  }
+  grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointJobRequest* request,
+                                          v1::CheckpointJobResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->CheckpointJob(*request, response); });
+  }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext*) override {
     return new UploadReactor(&handler_->telemetry());
