@@ -294,6 +294,16 @@ absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
 
 }
 
+absl::StatusOr<int64_t> RestoredStep(const v1::JobSpec& spec) {
+  if (spec.resume_from().empty()) return 0;
+  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(spec.resume_from());
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat("spec.resume_from: ", manifest.status().message()));
+  }
+  return manifest->step();
+}
+
 worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse) {
   worker::sparse::MaskContract c;
   c.seq_len = sparse.seq_len();

@@ -107,9 +107,11 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
   RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
   ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
+  ASSIGN_OR_RETURN(const int64_t restored_step, coordinator::RestoredStep(request.spec()));
   response->set_job_id(jobs_->Add(request.spec()));
   RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
     *m.mutable_data_receipt() = std::move(receipt);
+    m.set_restored_step(restored_step);
   }));
   if (!request.spec().telemetry().empty()) {
     RETURN_IF_ERROR(telemetry_->DeclareJob(response->job_id(), request.spec()));

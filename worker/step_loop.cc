@@ -663,7 +663,9 @@ void StepLoop::Run() {
 absl::Status StepLoop::Initialize() {
   if (config_.restore_state) {
     const absl::Time start = config_.clock->Now();
-    ASSIGN_OR_RETURN(state_, config_.restore_state(devices_, partitions_));
+    absl::StatusOr<DeviceBuffers> restored = config_.restore_state(devices_, partitions_);
+    if (!restored.ok()) return PrefixStatus(restored.status(), "restoring the checkpoint: ");
+    state_ = *std::move(restored);
     metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
     if (state_.size() != devices_.size()) {
       return absl::InternalError("the restored state does not cover the step's devices");
