@@ -128,6 +128,38 @@ absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
   return absl::OkStatus();
 }
 
+absl::Status JobTable::Restart(const std::string& job_id, const std::string& host,
+                               const std::string& cause, const std::string& resume_from,
+                               int64_t restored_step) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  v1::JobManifest& job = it->second;
+  if (IsFinal(job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended ", JobStateName(job.state())));
+  }
+  v1::JobAttempt* attempt = job.add_attempts();
+  attempt->set_start_unix_micros(job.attempts_size() > 1
+                                     ? job.attempts(job.attempts_size() - 2).end_unix_micros()
+                                     : job.created_unix_micros());
+  attempt->set_end_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
+  attempt->set_cause(cause);
+  attempt->set_host(host);
+  attempt->set_last_step(job.last_step());
+  attempt->set_restored_step(restored_step);
+  attempt->set_steps_lost(std::max<int64_t>(0, job.last_step() - restored_step));
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.mutable_spec()->set_resume_from(resume_from);
+  job.set_restored_step(restored_step);
+  job.set_last_step(restored_step);
+  job.clear_mesh();
+  job.clear_host_incarnations();
+  job.clear_host_runtime_versions();
+  ChangedLocked(job);
+  return absl::OkStatus();
+}
+
 absl::Status JobTable::Cancel(const std::string& job_id) {
   return Transition(job_id, v1::JOB_STATE_CANCELLED);
 }

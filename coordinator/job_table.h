@@ -63,6 +63,13 @@ class JobTable {
   // Moves a job to FAILED naming `host` and `error`. Errors: as Transition.
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
 
+  // Ends the job's current run and makes it PENDING again, to start over from the checkpoint
+  // `resume_from` (step `restored_step`): records a JobAttempt (naming `host` and `cause`),
+  // clears the run's mesh and hosts. Errors: NOT_FOUND, FAILED_PRECONDITION (a final job).
+  absl::Status Restart(const std::string& job_id, const std::string& host,
+                       const std::string& cause, const std::string& resume_from,
+                       int64_t restored_step);
+
   // Moves a job to CANCELLED. Errors: as Transition (a finished job cannot be cancelled).
   absl::Status Cancel(const std::string& job_id);
 

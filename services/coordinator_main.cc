@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, web_root, "",
           "folder of the dashboard's built assets; default: web/ next to the binary's folder "
           "(build/web in a checkout)");
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: devices of the compiling client");
+ABSL_FLAG(absl::Duration, restart_wait, absl::Seconds(60),
+          "automatic recovery: how long a job restarting from its checkpoint waits for enough "
+          "healthy hosts (the same host back, or a spare) before it fails");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 
@@ -53,7 +56,8 @@ int main(int argc, char** argv) {
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
        .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
        .http_listen = absl::GetFlag(FLAGS_http_listen),
-       .web_root = web_root});
+       .web_root = web_root,
+       .restart_wait = absl::GetFlag(FLAGS_restart_wait)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

@@ -627,7 +627,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                           .jobs = server->jobs_.get(),
                           .cache = server->cache_.get(),
                           .runtime = server->runtime_.get(),
-                          .telemetry = server->telemetry_.get()});
+                          .telemetry = server->telemetry_.get(),
+                          .restart_wait = config.restart_wait});
   server->handler_ = std::make_unique<CoordinatorRpcHandler>(
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
       server->telemetry_.get());

@@ -115,6 +115,8 @@ class CoordinatorServer {
     // HTTP (Prometheus /metrics, the web dashboard and its JSON/SSE API); empty: no HTTP port.
     std::string http_listen;
     std::string web_root;  // the dashboard's built assets (index.html); empty: API only
+    // Automatic recovery: how long a restarted job waits for enough healthy hosts.
+    absl::Duration restart_wait = absl::Seconds(60);
     Clock* clock = &RealClock();
   };
 

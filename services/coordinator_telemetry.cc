@@ -55,14 +55,29 @@ absl::Status CoordinatorTelemetry::DeclareJob(const std::string& job_id, const v
   return hub_->OpenJob(job_id, std::move(series));
 }
 
-absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
-  // What a restart needs to resume the job, without the programs.
+namespace {
+// What a coordinator restart needs to resume collecting a job, without the programs.
+v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
   v1::JobManifest setup;
   setup.set_job_id(job.job_id());
   *setup.mutable_host_incarnations() = job.host_incarnations();
   *setup.mutable_mesh() = job.mesh();
   *setup.mutable_spec()->mutable_telemetry() = job.spec().telemetry();
+  return setup;
+}
+}  // namespace
+
+absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
+  const v1::JobManifest setup = CollectionSetup(job);
   RETURN_IF_ERROR(StartCombining(setup, 0));
+  return history_->SetCollecting(job.job_id(), setup.SerializeAsString());
+}
+
+absl::Status CoordinatorTelemetry::RestartJob(const v1::JobManifest& job) {
+  absl::StatusOr<int64_t> emitted = combiner_->AbandonJob(job.job_id());
+  if (!emitted.ok()) return StartJob(job);  // the old run never started collecting
+  const v1::JobManifest setup = CollectionSetup(job);
+  RETURN_IF_ERROR(StartCombining(setup, *emitted));
   return history_->SetCollecting(job.job_id(), setup.SerializeAsString());
 }
 

@@ -51,6 +51,11 @@ class CoordinatorTelemetry {
   // Starts collecting a declared job's summaries from the hosts of its mesh.
   // Errors: INVALID_ARGUMENT (no hosts or bad declarations), ALREADY_EXISTS.
   absl::Status StartJob(const v1::JobManifest& job);
+  // A job restarted from a checkpoint (automatic recovery) on the hosts of `job`: the old run's
+  // pending steps are dropped, the steps already emitted stay (the run repeats them; its
+  // summaries for them are ignored, so the history keeps one value per step), and watchers go
+  // on. Errors: as StartJob.
+  absl::Status RestartJob(const v1::JobManifest& job);
   // Emits what is pending (partial where hosts are missing) and ends the job's watchers.
   void EndJob(const std::string& job_id);
   // A host of a job resumed after a restart ended it; the job ends when all its hosts did.

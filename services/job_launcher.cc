@@ -47,14 +47,21 @@ const JobLauncher::Peer& JobLauncher::PeerAt(const std::string& address) {
   return peer;
 }
 
-absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
-  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest& job) {
+  const std::string& job_id = job.job_id();
   const v1::JobSpec& spec = job.spec();
-
   // PENDING -> ASSIGNED: pin, choose hosts, plan the mesh.
+  std::pair<std::string, std::string> failed;  // host, incarnation
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = failed_member_.find(job_id); it != failed_member_.end()) failed = it->second;
+  }
   std::vector<WorkerInfo> alive;
   for (const WorkerEntry& entry : config_.registry->List()) {
-    if (entry.state == coordinator::WorkerState::kAlive) alive.push_back(entry.info);
+    if (entry.state == coordinator::WorkerState::kAlive &&
+        std::pair(entry.info.host, entry.info.incarnation) != failed) {
+      alive.push_back(entry.info);
+    }
   }
   coordinator::PinResult pinned = coordinator::PinRuntime(alive, FromProto(spec.runtime_pin()));
   if (pinned.eligible.empty()) {
@@ -75,7 +82,8 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
                                          .ep = spec.mesh().expert_parallel(),
                                          .tp = spec.mesh().tensor_parallel()};
   const int replicas = std::max(1, spec.mesh().host_replicas());
-  coordinator::MeshPlan plan;
+  Assignment out;
+  coordinator::MeshPlan& plan = out.plan;
   if (pinned.pin.platform_name == "cpu") {
     ASSIGN_OR_RETURN(plan, coordinator::PlanCpuJob(request, replicas, pinned.eligible, busy));
   } else if (replicas > 1) {
@@ -85,12 +93,31 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   } else {
     ASSIGN_OR_RETURN(plan, coordinator::PlanMesh(request, pinned.eligible));
   }
-  std::vector<WorkerInfo> hosts;
   for (const std::string& name : plan.hosts) {
     for (const WorkerInfo& host : pinned.eligible) {
-      if (host.host == name) hosts.push_back(host);
+      if (host.host == name) out.hosts.push_back(host);
     }
   }
+  return out;
+}
+
+absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  // A restarted job waits for enough healthy hosts (the same host back, or a spare).
+  const absl::Time give_up = absl::Now() + (job.attempts_size() > 0 ? config_.restart_wait
+                                                                      : absl::ZeroDuration());
+  absl::StatusOr<Assignment> assigned = Plan(job);
+  while (!assigned.ok() && absl::IsFailedPrecondition(assigned.status()) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(500));
+    ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+    if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled meanwhile
+    assigned = Plan(job);
+  }
+  RETURN_IF_ERROR(assigned.status());
+  const v1::JobSpec& spec = job.spec();
+  const coordinator::MeshPlan& plan = assigned->plan;
+  const std::vector<WorkerInfo>& hosts = assigned->hosts;
   RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
     v1::MeshAssignment* mesh = m.mutable_mesh();
     for (const std::string& axis : plan.axis_names) mesh->add_axis_names(axis);
@@ -187,7 +214,8 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   // LOADING -> RUNNING: collect telemetry first, then start every worker.
   ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
   if (config_.telemetry != nullptr && !spec.telemetry().empty()) {
-    RETURN_IF_ERROR(config_.telemetry->StartJob(job));
+    RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
+                                            : config_.telemetry->StartJob(job));
   }
   for (const WorkerInfo& host : hosts) {
     v1::StartJobRequest request;
@@ -320,6 +348,11 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", report.job_id(), " already ended ", coordinator::JobStateName(job.state())));
   }
+  if (report.attempt() != job.attempts_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the report is from run ", report.attempt(), " of job ", report.job_id(),
+        ", which restarted since (run ", job.attempts_size(), ")"));
+  }
   RETURN_IF_ERROR(config_.jobs->Update(report.job_id(), [&](v1::JobManifest& m) {
     m.set_last_step(std::max(m.last_step(), report.last_step()));
   }));
@@ -369,6 +402,13 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
 void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
   const std::string error = absl::StrCat("worker ", dead.info.host, " (incarnation ",
                                          dead.info.incarnation, ") is DEAD: ", dead.state_reason);
+  for (const v1::JobManifest& job : config_.jobs->List()) {
+    auto it = job.host_incarnations().find(dead.info.host);
+    if (!coordinator::IsFinal(job.state()) && it != job.host_incarnations().end() &&
+        it->second == dead.info.incarnation) {
+      MaybeRestart(job.job_id(), dead.info.host, error);
+    }
+  }
   for (const std::string& job_id :
        config_.jobs->FailJobsOnWorker(dead.info.host, dead.info.incarnation, error)) {
     spdlog::warn("job {} FAILED: {}", job_id, error);
@@ -397,6 +437,7 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
 
 absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& host,
                                const std::string& error) {
+  if (MaybeRestart(job_id, host, error)) return absl::OkStatus();
   RETURN_IF_ERROR(config_.jobs->Fail(job_id, host, error));
   spdlog::warn("job {} FAILED: {}", job_id, error);
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
@@ -409,6 +450,7 @@ void JobLauncher::Finished(const std::string& job_id) {
   if (config_.telemetry != nullptr) config_.telemetry->EndJob(job_id);
   absl::MutexLock lock(&mu_);
   succeeded_hosts_.erase(job_id);
+  failed_member_.erase(job_id);
 }
 
 }  // namespace meshrun::services

@@ -33,6 +33,7 @@
 #include "coordinator/checkpoint_commits.h"
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
+#include "coordinator/mesh_planner.h"
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -51,6 +52,7 @@ class JobLauncher {
     CoordinatorTelemetry* telemetry = nullptr;  // collects the jobs' summaries; may be null
     absl::Duration rpc_timeout = absl::Seconds(60);
     size_t chunk_bytes = 1 << 20;         // executable transfer chunk, at most 1 MiB
+    absl::Duration restart_wait = absl::Seconds(60);  // a restart waits this long for hosts
   };
 
   explicit JobLauncher(Config config);
@@ -82,11 +84,19 @@ class JobLauncher {
   absl::Status CheckpointNow(const std::string& job_id);
 
   // Fails an unfinished job naming `host` and `error`, stops its workers and ends its
-  // telemetry. Errors: as JobTable::Fail.
+  // telemetry; unless the job can restart (docs/checkpoints.md: a checkpoint policy, a
+  // committed checkpoint, restarts left), which it then does. Errors: as JobTable::Fail.
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
 
  private:
   absl::Status RunLaunch(const std::string& job_id);
+  struct Assignment {
+    coordinator::MeshPlan plan;
+    std::vector<coordinator::WorkerInfo> hosts;  // in plan.hosts order
+  };
+  // PENDING -> ASSIGNED's choice: the runtime pin, the hosts and the mesh, from the workers
+  // alive now. Errors: FAILED_PRECONDITION (no eligible worker, no mesh fits; named).
+  absl::StatusOr<Assignment> Plan(const v1::JobManifest& job);
   // Sends `host` every executable it does not hold (one retry after a corrupt transfer) and
   // records what it now holds; returns the bytes sent. Errors: the transfer's.
   absl::StatusOr<int64_t> Distribute(
@@ -103,6 +113,12 @@ class JobLauncher {
   // The first of the job's workers other than `except` that does not answer (1 s) as the
   // incarnation the job runs on; "" when all do.
   std::string UnreachableHost(const v1::JobManifest& job, const std::string& except);
+  // Restarts a job with a checkpoint policy may make when its JobSpec does not say.
+  static constexpr int kDefaultMaxRestarts = 3;
+  // Automatic recovery: when `job_id` can restart, stops its workers, makes it PENDING from its
+  // newest committed checkpoint and launches it again; returns whether it did.
+  bool MaybeRestart(const std::string& job_id, const std::string& host,
+                    const std::string& cause);
   // Called once a job reached a final state: its telemetry ends after what is pending.
   void Finished(const std::string& job_id);
   struct Peer {  // one channel per worker address, shared by its stub and the transfers
@@ -118,6 +134,10 @@ class JobLauncher {
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by address; entries stay put
   coordinator::CheckpointCommits commits_{config_.jobs};
+  // Restarting jobs: the host incarnation whose failure restarted each, which its next run
+  // must not be planned onto (it may still look alive until its heartbeat times out).
+  std::map<std::string, std::pair<std::string, std::string>> failed_member_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::services

@@ -1,5 +1,6 @@
-// JobLauncher's checkpoint requests (docs/checkpoints.md): `meshrun checkpoint <job>` asks each
-// host of a running job to checkpoint after its current step.
+// JobLauncher's checkpoint side (docs/checkpoints.md): `meshrun checkpoint <job>` asks each host
+// of a running job to checkpoint after its current step, and automatic recovery restarts a job
+// from its newest committed checkpoint when one of its hosts dies or fails.
 #include <spdlog/spdlog.h>
 
 #include <vector>
@@ -50,6 +51,46 @@ absl::Status JobLauncher::CheckpointNow(const std::string& job_id) {
   }
   spdlog::info("job {}: checkpoint requested on {} hosts", job_id, hosts.size());
   return absl::OkStatus();
+}
+
+bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& host,
+                               const std::string& cause) {
+  absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
+  if (!job.ok() || coordinator::IsFinal(job->state()) || !job->spec().has_checkpoint()) {
+    return false;
+  }
+  const int max_restarts =
+      job->spec().has_max_restarts() ? job->spec().max_restarts() : kDefaultMaxRestarts;
+  if (job->attempts_size() >= max_restarts) {
+    if (max_restarts > 0) {
+      spdlog::warn("job {}: no restart left ({} of {} used)", job_id, job->attempts_size(),
+                   max_restarts);
+    }
+    return false;
+  }
+  const v1::CheckpointRecord* newest = nullptr;
+  for (const v1::CheckpointRecord& record : job->checkpoints()) {
+    if (record.committed() && (newest == nullptr || record.step() >= newest->step())) {
+      newest = &record;
+    }
+  }
+  if (newest == nullptr) {
+    spdlog::warn("job {}: no committed checkpoint to restart from", job_id);
+    return false;
+  }
+  if (auto member = job->host_incarnations().find(host);
+      member != job->host_incarnations().end()) {
+    absl::MutexLock lock(&mu_);
+    failed_member_[job_id] = {host, member->second};
+  }
+  StopWorkers(*job);
+  if (!config_.jobs->Restart(job_id, host, cause, newest->path(), newest->step()).ok()) {
+    return false;  // ended meanwhile
+  }
+  spdlog::warn("job {} RESTARTING from its checkpoint of step {} (run {} of at most {}): {}",
+               job_id, newest->step(), job->attempts_size() + 2, max_restarts + 1, cause);
+  Launch(job_id);
+  return true;
 }
 
 }  // namespace meshrun::services

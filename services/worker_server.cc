@@ -585,15 +585,22 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     return absl::FailedPreconditionError(
         "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
   }
+  const int attempt = manifest.attempts_size();
+  std::unique_ptr<RunningJob> earlier_run;
   {
     absl::MutexLock lock(&job_mu_);
     if (job_ != nullptr && !job_->loop->result().has_value()) {
-      return job_->job_id == request.job_id()
-                 ? absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " runs here"))
-                 : absl::FailedPreconditionError(
-                       absl::StrCat("job ", job_->job_id, " is still running here"));
+      if (job_->job_id != request.job_id()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job_->job_id, " is still running here"));
+      }
+      if (job_->attempt == attempt) {
+        return absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " runs here"));
+      }
+      earlier_run = std::move(job_);  // the job restarted (docs/checkpoints.md)
     }
   }
+  if (earlier_run != nullptr) earlier_run->loop->Stop();
   // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
   const bool mode_b = coordinator::IsModeB(spec);
   ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
@@ -693,10 +700,10 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                                          .coordinator = coordinator_.get()},
                                         loop_config));
   // A job's checkpoints are committed before its outcome is reported.
-  loop_config.on_done = [this, job_id, saver](const worker::LoopResult& result) {
-    reporters_.Run([this, job_id, result, saver] {
+  loop_config.on_done = [this, job_id, attempt, saver](const worker::LoopResult& result) {
+    reporters_.Run([this, job_id, attempt, result, saver] {
       if (saver != nullptr) saver->Flush();
-      ReportOutcome(job_id, result);
+      ReportOutcome(job_id, attempt, result);
     });
   };
   ASSIGN_OR_RETURN(std::unique_ptr<worker::StepLoop> loop,
@@ -710,7 +717,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   {
     absl::MutexLock lock(&job_mu_);
     finished = std::move(job_);
-    job_ = std::make_unique<RunningJob>(RunningJob{job_id, std::move(saver), std::move(loop)});
+    job_ = std::make_unique<RunningJob>(
+        RunningJob{job_id, attempt, std::move(saver), std::move(loop)});
   }
   // Joined outside the lock: its on_done callback takes job_mu_.
   if (finished != nullptr) finished->loop->Stop();
@@ -739,9 +747,11 @@ absl::Status WorkerServer::StopJob(const v1::StopJobRequest& request) {
   return absl::OkStatus();
 }
 
-void WorkerServer::ReportOutcome(const std::string& job_id, const worker::LoopResult& result) {
+void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
+                                 const worker::LoopResult& result) {
   v1::ReportJobProgressRequest request;
   request.set_job_id(job_id);
+  request.set_attempt(attempt);
   request.set_host(config_.identity.host);
   request.set_incarnation(incarnation());
   request.set_last_step(result.last_completed_step);

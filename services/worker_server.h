@@ -73,6 +73,7 @@ class WorkerServer {
   class CompileReactor;
   struct RunningJob {
     std::string job_id;
+    int attempt = 0;  // JobManifest.attempts' size when it started: which run of the job
     std::shared_ptr<worker::CheckpointSaver> checkpoints;  // null: no policy; outlives the loop
     std::unique_ptr<worker::StepLoop> loop;
   };
@@ -92,7 +93,7 @@ class WorkerServer {
   absl::Status DeviceMemory(const v1::WorkerDeviceMemoryRequest& request,
                             v1::WorkerDeviceMemoryResponse* response);
   // Sends a job's outcome to the coordinator (retrying while it is unreachable, bounded).
-  void ReportOutcome(const std::string& job_id, const worker::LoopResult& result);
+  void ReportOutcome(const std::string& job_id, int attempt, const worker::LoopResult& result);
 
   const Config config_;
   std::string advertise_address_;

@@ -245,6 +245,18 @@ absl::Status StepCombiner::FinishJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> StepCombiner::AbandonJob(const std::string& job_id) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id \"", job_id, "\" has no telemetry being combined"));
+  }
+  const int64_t emitted = it->second.emitted_through;
+  jobs_.erase(it);
+  return emitted;
+}
+
 absl::StatusOr<int64_t> StepCombiner::LastEmittedStep(const std::string& job_id) const {
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(job_id);

@@ -125,6 +125,11 @@ class StepCombiner {
   // job; later summaries for it are NOT_FOUND. Errors: NOT_FOUND (job not started).
   absl::Status FinishJob(const std::string& job_id);
 
+  // Forgets the job and drops its pending steps without emitting them (a run that ended in a
+  // restart: its unfinished steps run again). Returns the highest step emitted.
+  // Errors: NOT_FOUND (job not started).
+  absl::StatusOr<int64_t> AbandonJob(const std::string& job_id);
+
   // The highest step emitted (queued for the sink) for the job, or emitted_through_step.
   // Errors: NOT_FOUND.
   absl::StatusOr<int64_t> LastEmittedStep(const std::string& job_id) const;
