@@ -21,6 +21,7 @@
 #include "coordinator/job_table.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/binary_setup.h"
+#include "services/cli_certs.h"
 #include "services/grpc_probe.h"
 #include "services/job_bundle.h"
 #include "services/proto_convert.h"
@@ -73,7 +74,8 @@ constexpr char kUsage[] =
     "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
-    "  version              print this build's version and protocol range\n";
+    "  version              print this build's version and protocol range\n"
+    "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n";
 
 int Health(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
@@ -446,6 +448,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = InitBinary("meshrun", kUsage, argc, argv);
   if (args.size() < 2) ExitWithError(std::string("no command given\n") + kUsage, 2);
   const std::string& command = args[1];
+  if (command == "certs") return meshrun::services::RunCertsCommand(args);
   if (command == "health") return Health(args);
   if (command == "workers") return Workers();
   if (command == "submit") return Submit(args);

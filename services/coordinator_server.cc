@@ -1,4 +1,5 @@
 #include "services/coordinator_server.h"
+#include "services/tls_credentials.h"
 
 #include <spdlog/spdlog.h>
 
@@ -417,17 +418,26 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->RegisterWorker(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->registration().host()));
+      return handler_->RegisterWorker(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->Heartbeat(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->Heartbeat(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
                                              const v1::DeregisterWorkerRequest* request,
                                              v1::DeregisterWorkerResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->DeregisterWorker(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->DeregisterWorker(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
