@@ -135,6 +135,10 @@ int Workers() {
     ExitWithError(absl::StrCat("cannot list workers of coordinator ", address, ": ",
                                workers.status().message()), 1);
   }
+  if (workers->coordinator_insecure()) {
+    std::printf("WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): anyone "
+                "who reaches it can run code on the workers; see docs/security.md\n");
+  }
   std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
               "DEVICES", "HEARTBEAT", "NOTE");
   int alive = 0;

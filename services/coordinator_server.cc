@@ -442,7 +442,10 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->ListWorkers(*request, response); });
+    return FinishUnary(context, [&] {
+      response->set_coordinator_insecure(ServingInsecurely());
+      return handler_->ListWorkers(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,

@@ -46,7 +46,9 @@ absl::Status ApplySecurityFlags(bool is_server) {
     text << in.rdbuf();
     config.token = std::string(absl::StripAsciiWhitespace(text.str()));
   }
-  if (const char* env = std::getenv("MESHRUN_TOKEN"); config.token.empty() && env != nullptr) {
+  // The environment's token is used only with TLS (a shell may export it for every command).
+  if (const char* env = std::getenv("MESHRUN_TOKEN");
+      config.token.empty() && env != nullptr && !config.tls_ca.empty()) {
     config.token = env;
   }
   if (absl::Status s = ValidateSecurityConfig(config, is_server); !s.ok()) return s;
