@@ -275,7 +275,8 @@ void CoordinatorRpcHandler::WaitAtBarrier(const v1::WaitAtBarrierRequest& reques
 class CoordinatorServer::UploadReactor final
     : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
  public:
-  explicit UploadReactor(CoordinatorTelemetry* telemetry) : telemetry_(telemetry) {
+  UploadReactor(CoordinatorTelemetry* telemetry, grpc::CallbackServerContext* context)
+      : telemetry_(telemetry), context_(context) {
     StartRead(&in_);
   }
 
@@ -286,7 +287,8 @@ class CoordinatorServer::UploadReactor final
       FinishIfIdleLocked(grpc::Status::OK);
       return;
     }
-    absl::StatusOr<int64_t> persisted = telemetry_->Accept(in_);
+    absl::Status caller = CheckWorkerHost(*context_, in_.host());  // a worker sends as itself
+    absl::StatusOr<int64_t> persisted = caller.ok() ? telemetry_->Accept(in_) : caller;
     absl::MutexLock lock(&mu_);
     if (!persisted.ok()) {
       reads_done_ = true;
@@ -328,6 +330,7 @@ class CoordinatorServer::UploadReactor final
   }
 
   CoordinatorTelemetry* const telemetry_;
+  grpc::CallbackServerContext* const context_;
   v1::HostSummary in_;
   absl::Mutex mu_;
   v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
@@ -470,11 +473,14 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* ReportJobProgress(grpc::CallbackServerContext* context,
                                               const v1::ReportJobProgressRequest* request,
                                               v1::ReportJobProgressResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->ReportJobProgress(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->ReportJobProgress(*request, response);
+    });
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
-      grpc::CallbackServerContext*) override {
-    return new UploadReactor(&handler_->telemetry());
+      grpc::CallbackServerContext* context) override {
+    return new UploadReactor(&handler_->telemetry(), context);
   }
   grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
       grpc::CallbackServerContext*, const v1::WatchTelemetryRequest* request) override {

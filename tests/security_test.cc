@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/telemetry.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "services/cert_authority.h"
 #include "services/coordinator_server.h"
@@ -192,7 +193,7 @@ TEST_F(SecurityTest, EveryRpcAgainstEveryCaller) {
   EXPECT_GE(cells, 13 * 30);  // 13 kinds of caller, every RPC of both services
 }
 
-TEST_F(SecurityTest, WorkerCertificateRegistersOnlyAsItsHost) {
+TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
   v1::RegisterWorkerRequest request;
   request.mutable_registration()->set_host("worker-b");
   const grpc::Status as_b = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
@@ -207,6 +208,20 @@ TEST_F(SecurityTest, WorkerCertificateRegistersOnlyAsItsHost) {
                  "/meshrun.v1.Coordinator/Heartbeat", heartbeat.SerializeAsString())
                 .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportJobProgressRequest progress;
+  progress.set_job_id("job-1");
+  progress.set_host("worker-b");
+  EXPECT_EQ(Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                 "/meshrun.v1.Coordinator/ReportJobProgress", progress.SerializeAsString())
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::HostSummary summary;
+  summary.set_job_id("job-1");
+  summary.set_host("worker-b");
+  const grpc::Status telemetry = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                                      "/meshrun.v1.Coordinator/UploadTelemetry",
+                                      summary.SerializeAsString());
+  EXPECT_EQ(telemetry.error_code(), grpc::StatusCode::PERMISSION_DENIED) << telemetry.error_message();
   request.mutable_registration()->set_host("worker-a");  // its own name passes the check
   const grpc::Status as_a = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
                                  "/meshrun.v1.Coordinator/RegisterWorker",
