@@ -46,7 +46,7 @@ struct Stream {
 }  // namespace
 
 HttpServer::HttpServer(Config config)
-    : config_(std::move(config)), server_(std::make_unique<httplib::Server>()) {}
+    : config_(std::move(config)), server_(MakeHttplibServer()) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
   ASSIGN_OR_RETURN(HostPort address, ParseHostPort("http_listen", config.listen));

@@ -91,28 +91,32 @@ scli export "$job" --format=jsonl --out="$tmp/history.jsonl" 2>/dev/null || fail
 if scli cancel "$job" >"$tmp/bad.txt" 2>&1; then fail "view token cancelled a job"; fi
 [ "$(scli health "127.0.0.1:$port")" = "SERVING" ] || fail "health over TLS"
 
-# 4. Every HTTP endpoint: 401 without a token or with an unknown one, 200 for each role's token.
+# 4. Every HTTPS endpoint: 401 without a token or with an unknown one, 200 for each role's token.
 http=$(sed -n "s/.*HTTP on port \([0-9]*\).*/\1/p" "$tmp/coordinator.log" | head -1)
 admin_token=$("$bin/meshrun" certs token --role=admin --name=ops --tokens_file="$ca/tokens")
 sleep 1.2  # the tokens file is rechecked once a second
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$@"; }
+# HTTPS with the coordinator's certificate (its DNS SAN is "coordinator"), checked against the CA.
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 --cacert "$ca/ca.pem" \
+  --resolve "coordinator:$http:127.0.0.1" "$@"; }
+[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "http://127.0.0.1:$http/metrics")" = 000 ] \
+  || fail "plain HTTP answered on the HTTPS port"
 for path in / /metrics /api/jobs "/api/job?id=$job" /api/workers "/api/memory?host=worker-0" \
     "/api/series?job=$job" "/api/watch?job=$job&since_step=100"; do
-  [ "$(code "http://127.0.0.1:$http$path")" = 401 ] || fail "$path without a token"
-  [ "$(code -H "Authorization: Bearer nope" "http://127.0.0.1:$http$path")" = 401 ] \
+  [ "$(code "https://coordinator:$http$path")" = 401 ] || fail "$path without a token"
+  [ "$(code -H "Authorization: Bearer nope" "https://coordinator:$http$path")" = 401 ] \
     || fail "$path with an unknown token"
   for t in "$view_token" "$submit_token" "$admin_token"; do
-    c=$(code -H "Authorization: Bearer $t" "http://127.0.0.1:$http$path")
+    c=$(code -H "Authorization: Bearer $t" "https://coordinator:$http$path")
     [ "$c" != 401 ] && [ "$c" != 403 ] || fail "$path refused a valid token ($c)"
   done
 done
-c=$(code --cookie "meshrun_token=$view_token" "http://127.0.0.1:$http/api/jobs")
+c=$(code --cookie "meshrun_token=$view_token" "https://coordinator:$http/api/jobs")
 [ "$c" = 200 ] || fail "cookie login: $c"
 grep -q "refused HTTP GET /metrics from 127.0.0.1" "$tmp/coordinator.log" || fail "HTTP refusal not logged"
 # Revoking a token (removing its line) takes effect without a restart.
 grep -v " view " "$ca/tokens" >"$ca/tokens.new" && mv "$ca/tokens.new" "$ca/tokens"
 sleep 1.2
-[ "$(code -H "Authorization: Bearer $view_token" "http://127.0.0.1:$http/metrics")" = 401 ] \
+[ "$(code -H "Authorization: Bearer $view_token" "https://coordinator:$http/metrics")" = 401 ] \
   || fail "revoked token still accepted over HTTP"
 if scli --token="$view_token" list >/dev/null 2>&1; then fail "revoked token still accepted"; fi
 echo "PASS"
