@@ -1,12 +1,16 @@
 #include "coordinator/job_validation.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/store.h"
 #include "common/status_macros.h"
 #include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
@@ -193,6 +197,65 @@ absl::Status CheckSparseAttention(const v1::SparseAttention& sparse, const v1::P
   return absl::OkStatus();
 }
 
+// The checkpoint policy's directory is the coordinator's to commit into; resume_from must be a
+// committed checkpoint holding every state array with the job's dtype and global shape.
+absl::Status CheckCheckpointFields(const v1::JobSpec& spec) {
+  namespace fs = std::filesystem;
+  if (spec.has_checkpoint()) {
+    const v1::CheckpointPolicy& policy = spec.checkpoint();
+    if (policy.directory().empty() || !fs::path(policy.directory()).is_absolute()) {
+      return Invalid("checkpoint.directory", absl::StrCat("\"", policy.directory(),
+                                                          "\" is not an absolute path"));
+    }
+    if (!fs::is_directory(policy.directory()) ||
+        ::access(policy.directory().c_str(), W_OK) != 0) {
+      return Invalid("checkpoint.directory",
+                     absl::StrCat(policy.directory(), " is not a writable directory here; "
+                                  "create it on storage the coordinator and every host mount"));
+    }
+    if (policy.every_steps() < 1) {
+      return Invalid("checkpoint.every_steps", absl::StrCat("is ", policy.every_steps(),
+                                                            "; it must be >= 1"));
+    }
+    if (policy.keep_last() < 0) return Invalid("checkpoint.keep_last", "is negative; 0 keeps all");
+  }
+  if (spec.resume_from().empty()) return absl::OkStatus();
+  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(spec.resume_from());
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat("spec.resume_from: ", manifest.status().message()));
+  }
+  const v1::Program* state = nullptr;
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == (IsModeB(spec) ? "apply" : "step")) state = &p;
+  }
+  for (int i = 0; state != nullptr && i < spec.state_count(); ++i) {
+    const v1::TensorSpec& input = state->inputs(i);
+    const v1::CheckpointArray* array = nullptr;
+    for (const v1::CheckpointArray& a : manifest->arrays()) {
+      if (a.name() == input.name()) array = &a;
+    }
+    if (array == nullptr) {
+      return Invalid("resume_from", absl::StrCat("holds no array ", input.name(),
+                                                 " of the job's state"));
+    }
+    if (array->dtype() != input.dtype() || array->shape_size() != input.shape_size()) {
+      return Invalid("resume_from", absl::StrCat(
+          "array ", input.name(), " is ", array->dtype(), " of rank ", array->shape_size(),
+          "; the job's state input is ", input.dtype(), " of rank ", input.shape_size()));
+    }
+    for (int d = 0; d < input.shape_size(); ++d) {
+      if (array->shape(d) != input.shape(d)) {
+        return Invalid("resume_from", absl::StrCat("array ", input.name(), " dimension ", d,
+                                                   " is ", array->shape(d),
+                                                   " in the checkpoint, ", input.shape(d),
+                                                   " in the job"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
@@ -229,6 +292,16 @@ absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
   receipt.set_documents(read.documents);
   return receipt;
 
+}
+
+absl::StatusOr<int64_t> RestoredStep(const v1::JobSpec& spec) {
+  if (spec.resume_from().empty()) return 0;
+  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(spec.resume_from());
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat("spec.resume_from: ", manifest.status().message()));
+  }
+  return manifest->step();
 }
 
 worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse) {
@@ -315,6 +388,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("grad_accumulation", "is set but only compile mode B jobs (MoE, or host "
                                         "replicas) accumulate; leave it 0");
   }
+  // The state is the first inputs of the program that ends a step; every program must hold it.
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() != "init" && (spec.state_count() < 0 || spec.state_count() > p.inputs_size())) {
+      return Invalid("state_count", absl::StrCat("is ", spec.state_count(), "; the ", p.role(),
+                                                 " program has ", p.inputs_size(), " inputs"));
+    }
+  }
   if (mode_b) {
     // apply(state, grad_acc): grad must take the state, the same accumulators and the batch.
     const v1::Program* grad = nullptr;
@@ -383,6 +463,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       RETURN_IF_ERROR(CheckTokenBatchInputs(spec, *program, index));
     }
   }
+  RETURN_IF_ERROR(CheckCheckpointFields(spec));
   const v1::MeshRequest& mesh = spec.mesh();
   if (mesh.data_parallel() < 0 || mesh.tensor_parallel() < 0 || mesh.expert_parallel() < 0) {
     return Invalid("mesh", "has a negative size; use 0 for auto");

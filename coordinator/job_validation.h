@@ -25,6 +25,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // or unreadable file, too few tokens for one batch.tokens row).
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec);
 
+// The step of the checkpoint spec.resume_from holds; 0 without one. Errors: as
+// checkpoint::ReadManifest, prefixed "spec.resume_from: ".
+absl::StatusOr<int64_t> RestoredStep(const v1::JobSpec& spec);
+
 // The mask contract of a job's sparse_attention (unchecked; ValidateJobSpec checks it).
 worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse);
 

@@ -6,7 +6,8 @@
 #   .deps/pjrt/include/xla/pjrt/c/pjrt_c_api.h    PJRT C API header
 #   .deps/pjrt/lib/xla_cpu_pjrt.so                XLA CPU PJRT plugin
 #   .deps/pjrt/MANIFEST                           what was installed, with sha256s
-#   .venv/                                        jax + jaxlib, tensorboard (skip: MESHRUN_SKIP_JAX=1)
+#   .venv/                                        jax + jaxlib, tensorboard, orbax-checkpoint +
+#                                                 tensorstore (skip: MESHRUN_SKIP_JAX=1)
 #
 # Idempotent and non-interactive: a second run downloads nothing and rewrites
 # nothing. Needs python3 (with pip), sha256sum. See docs/pjrt.md.
@@ -129,5 +130,25 @@ else
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     --no-input --only-binary=:all: "tensorboard==$TENSORBOARD_VERSION"
   tensorboard_ok || die "tensorboard $TENSORBOARD_VERSION not importable from .venv"
+fi
+# The JAX ecosystem's checkpoint readers check meshrun's checkpoints in the tests
+# (docs/checkpoints.md); pinned together with JAX so pip never moves it.
+ORBAX_VERSION=0.12.8
+TENSORSTORE_VERSION=0.1.86
+orbax_ok() {
+  "$VENV/bin/python" - "$ORBAX_VERSION" "$TENSORSTORE_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(0 if (version("orbax-checkpoint"), version("tensorstore")) == tuple(sys.argv[1:]) else 1)
+EOF
+}
+if orbax_ok; then
+  step ".venv has orbax-checkpoint==$ORBAX_VERSION tensorstore==$TENSORSTORE_VERSION"
+else
+  step "installing orbax-checkpoint==$ORBAX_VERSION tensorstore==$TENSORSTORE_VERSION into .venv"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    --only-binary=:all: "orbax-checkpoint==$ORBAX_VERSION" "tensorstore==$TENSORSTORE_VERSION" \
+    "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"
+  orbax_ok || die "orbax-checkpoint $ORBAX_VERSION not importable from .venv"
 fi
 step "done"

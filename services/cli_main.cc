@@ -22,6 +22,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/binary_setup.h"
 #include "services/cli_certs.h"
+#include "services/cli_checkpoints.h"
 #include "services/grpc_probe.h"
 #include "services/job_bundle.h"
 #include "services/proto_convert.h"
@@ -65,10 +66,13 @@ constexpr char kUsage[] =
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
     "  workers              list the coordinator's workers and why a job's pin excludes any\n"
     "                       (--job=ID; --expect=N waits for N alive)\n"
-    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow)\n"
+    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow;\n"
+    "                       --checkpoint_dir, --checkpoint_every, --keep_checkpoints,\n"
+    "                       --resume_from)\n"
     "  get <job-id>         print a job's manifest\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
+    "  checkpoint <job-id>  save a running job's state now (it needs --checkpoint_dir)\n"
     "  watch <job-id>       live telemetry table with sparklines (--since_step, --series)\n"
     "  export <job-id>      the job's telemetry history (--format=csv|jsonl|tensorboard, --out,\n"
     "                       --since_step, --series)\n"
@@ -202,6 +206,17 @@ int Submit(const std::vector<std::string>& args) {
                 .host_replicas = absl::GetFlag(FLAGS_host_replicas)});
   if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
   auto stub = CoordinatorStub();
+  absl::Status flags = ApplyCheckpointFlags(*spec, [&stub](const std::string& job_id) {
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    v1::JobManifest job;
+    auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+    return stub->GetJob(context.get(), get, &job).ok()
+               ? absl::StatusOr<v1::JobManifest>(job)
+               : absl::NotFoundError(absl::StrCat("--resume_from ", job_id,
+                                                  " is neither a directory nor a job id"));
+  });
+  if (!flags.ok()) ExitWithError(std::string(flags.message()), 2);
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
   v1::SubmitJobResponse response;
@@ -261,6 +276,19 @@ int Cancel(const std::vector<std::string>& args) {
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CancelJob(context.get(), request, &response), "cancel");
   std::printf("cancelled %s\n", args[2].c_str());
+  return 0;
+}
+
+int Checkpoint(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun checkpoint <job-id>", 2);
+  auto stub = CoordinatorStub();
+  v1::CheckpointJobRequest request;
+  request.set_job_id(args[2]);
+  v1::CheckpointJobResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(stub->CheckpointJob(context.get(), request, &response), "checkpoint");
+  std::printf("checkpoint requested for %s: it is committed once every host wrote its shards "
+              "(meshrun get %s lists it)\n", args[2].c_str(), args[2].c_str());
   return 0;
 }
 
@@ -459,6 +487,7 @@ int main(int argc, char** argv) {
   if (command == "get") return Get(args);
   if (command == "list") return List();
   if (command == "cancel") return Cancel(args);
+  if (command == "checkpoint") return Checkpoint(args);
   if (command == "watch") return Watch(args);
   if (command == "export") return Export(args);
   if (command == "metrics") return Metrics(args);
@@ -468,5 +497,5 @@ int main(int argc, char** argv) {
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, watch, export, metrics, memory, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, checkpoint, watch, export, metrics, memory, version", 2);
 }

@@ -108,9 +108,11 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
   RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
   ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
+  ASSIGN_OR_RETURN(const int64_t restored_step, coordinator::RestoredStep(request.spec()));
   response->set_job_id(jobs_->Add(request.spec()));
   RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
     *m.mutable_data_receipt() = std::move(receipt);
+    m.set_restored_step(restored_step);
   }));
   if (!request.spec().telemetry().empty()) {
     RETURN_IF_ERROR(telemetry_->DeclareJob(response->job_id(), request.spec()));
@@ -477,6 +479,19 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
       return handler_->ReportJobProgress(*request, response);
     });
+  }
+  grpc::ServerUnaryReactor* ReportCheckpoint(grpc::CallbackServerContext* context,
+                                             const v1::ReportCheckpointRequest* request,
+                                             v1::ReportCheckpointResponse* response) override {
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->ReportCheckpoint(*request, response);
+    });
+  }
+  grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointJobRequest* request,
+                                          v1::CheckpointJobResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->CheckpointJob(*request, response); });
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {

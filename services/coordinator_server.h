@@ -61,6 +61,14 @@ class CoordinatorRpcHandler {
   absl::Status CancelJob(const v1::CancelJobRequest& request, v1::CancelJobResponse*);
   absl::Status ReportJobProgress(const v1::ReportJobProgressRequest& request,
                                  v1::ReportJobProgressResponse*);
+  absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& request,
+                                v1::ReportCheckpointResponse*) {
+    return launcher_->ReportCheckpoint(request);
+  }
+  absl::Status CheckpointJob(const v1::CheckpointJobRequest& request, v1::CheckpointJobResponse*) {
+    if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+    return launcher_->CheckpointNow(request.job_id());
+  }
 
   // Ask the workers (bounded by a 5 s deadline each); run on a server thread, so they block it
   // only that long.

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/background_tasks.h"
+#include "coordinator/checkpoint_commits.h"
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
 #include "coordinator/worker_registry.h"
@@ -71,6 +72,15 @@ class JobLauncher {
   // job's other workers.
   void OnWorkerDead(const coordinator::WorkerEntry& dead);
 
+  // A host's checkpoint report (coordinator::CheckpointCommits::Report, same errors).
+  absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& report) {
+    return commits_.Report(report);
+  }
+  // Asks every host of a running job to checkpoint after its current step (each within 5 s).
+  // Errors: NOT_FOUND, FAILED_PRECONDITION (not running; no checkpoint policy), UNAVAILABLE
+  // (a host did not answer, named).
+  absl::Status CheckpointNow(const std::string& job_id);
+
   // Fails an unfinished job naming `host` and `error`, stops its workers and ends its
   // telemetry. Errors: as JobTable::Fail.
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
@@ -107,6 +117,7 @@ class JobLauncher {
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by address; entries stay put
+  coordinator::CheckpointCommits commits_{config_.jobs};
 };
 
 }  // namespace meshrun::services

@@ -73,11 +73,13 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/WaitAtBarrier", Role::kWorker},
       {"/meshrun.v1.Coordinator/UploadTelemetry", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportJobProgress", Role::kWorker},
+      {"/meshrun.v1.Coordinator/ReportCheckpoint", Role::kWorker},
       // Coordinator: calls people and programs make.
       {"/meshrun.v1.Coordinator/GetSupportedVersions", Role::kAnyAuthenticated},
       {"/meshrun.v1.Coordinator/ListWorkers", Role::kView},
       {"/meshrun.v1.Coordinator/SubmitJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/CancelJob", Role::kSubmit},
+      {"/meshrun.v1.Coordinator/CheckpointJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/GetJob", Role::kView},
       {"/meshrun.v1.Coordinator/ListJobs", Role::kView},
       {"/meshrun.v1.Coordinator/WatchTelemetry", Role::kView},
@@ -91,6 +93,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Worker/StopJob", Role::kCoordinator},
       {"/meshrun.v1.Worker/GetStatus", Role::kCoordinator},
       {"/meshrun.v1.Worker/GetDeviceMemory", Role::kCoordinator},
+      {"/meshrun.v1.Worker/CheckpointNow", Role::kCoordinator},
       // gRPC's own services.
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},

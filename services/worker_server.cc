@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
 #include "services/server_support.h"
+#include "services/worker_checkpoints.h"
 #include "services/coordinator_kv_client.h"
 #include "services/proto_convert.h"
 #include "services/runtime_setup.h"
@@ -72,6 +73,11 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
                                     const v1::StopJobRequest* request,
                                     v1::StopJobResponse*) override {
     return FinishUnary(context, [&] { return owner_->StopJob(*request); });
+  }
+  grpc::ServerUnaryReactor* CheckpointNow(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointNowRequest* request,
+                                          v1::CheckpointNowResponse*) override {
+    return FinishUnary(context, [&] { return owner_->CheckpointNow(*request); });
   }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
@@ -367,9 +373,12 @@ void WorkerServer::RegistrationLoop() {
 void WorkerServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
   {
+    // Ends between steps; reported as CANCELLED. A job with checkpoints saves the step it
+    // finishes first (a preemption loses no step), within the drain deadline.
     absl::MutexLock lock(&job_mu_);
-    if (job_ != nullptr) job_->loop->Cancel();  // ends between steps; reported as CANCELLED
+    if (job_ != nullptr) job_->loop->RequestCheckpoint(/*then_stop=*/true);
   }
+  WaitForJobEnd(deadline);
   std::unique_ptr<RunningJob> job;
   {
     absl::MutexLock lock(&job_mu_);
@@ -394,6 +403,17 @@ void WorkerServer::Drain(absl::Duration deadline) {
 }
 
 WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
+
+void WorkerServer::WaitForJobEnd(absl::Duration deadline) {
+  const absl::Time until = absl::Now() + deadline;
+  while (absl::Now() < until) {
+    {
+      absl::MutexLock lock(&job_mu_);
+      if (job_ == nullptr || job_->loop->result().has_value()) return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
 
 namespace {
 
@@ -651,25 +671,36 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
          .metrics = &metrics_});
   }
   const std::string job_id = manifest.job_id();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<worker::StepLoop> loop,
-      worker::StepLoop::Create(
-          {.runtime = runtime_.get(),
-           .init = std::move(init),
-           .step = std::move(step),
-           .grad = std::move(grad),
-           .apply = std::move(apply),
-           .reduce_gradients = std::move(reduce_gradients),
-           .spec = std::move(run),
-           .batches = std::move(batches),
-           .sink = [this](worker::HostStepSummary summary) {
-             uploader_->Enqueue(ToProto(summary));
-           },
-           .on_done =
-               [this, job_id](const worker::LoopResult& result) {
-                 reporters_.Run([this, job_id, result] { ReportOutcome(job_id, result); });
-               },
-           .metrics = &metrics_}));
+  worker::StepLoop::Config loop_config{
+      .runtime = runtime_.get(),
+      .init = std::move(init),
+      .step = std::move(step),
+      .grad = std::move(grad),
+      .apply = std::move(apply),
+      .reduce_gradients = std::move(reduce_gradients),
+      .spec = std::move(run),
+      .batches = std::move(batches),
+      .sink = [this](worker::HostStepSummary summary) { uploader_->Enqueue(ToProto(summary)); },
+      .metrics = &metrics_};
+  ASSIGN_OR_RETURN(std::shared_ptr<worker::CheckpointSaver> saver,
+                   ConfigureCheckpoints({.manifest = &manifest,
+                                         .state_program = &last_program,
+                                         .host = config_.identity.host,
+                                         .incarnation = incarnation(),
+                                         .writes = replica.index == 0,
+                                         .runtime = runtime_.get(),
+                                         .metrics = &metrics_,
+                                         .coordinator = coordinator_.get()},
+                                        loop_config));
+  // A job's checkpoints are committed before its outcome is reported.
+  loop_config.on_done = [this, job_id, saver](const worker::LoopResult& result) {
+    reporters_.Run([this, job_id, result, saver] {
+      if (saver != nullptr) saver->Flush();
+      ReportOutcome(job_id, result);
+    });
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::StepLoop> loop,
+                   worker::StepLoop::Create(std::move(loop_config)));
   RETURN_IF_ERROR(loop->Start());
   spdlog::info("job {} started: {} steps{}, telemetry every {}", job_id, spec.steps(),
                mode_b ? absl::StrCat(" (mode B, ", spec.grad_accumulation(), " micro-steps each)")
@@ -679,10 +710,23 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   {
     absl::MutexLock lock(&job_mu_);
     finished = std::move(job_);
-    job_ = std::make_unique<RunningJob>(RunningJob{job_id, std::move(loop)});
+    job_ = std::make_unique<RunningJob>(RunningJob{job_id, std::move(saver), std::move(loop)});
   }
   // Joined outside the lock: its on_done callback takes job_mu_.
   if (finished != nullptr) finished->loop->Stop();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::CheckpointNow(const v1::CheckpointNowRequest& request) {
+  absl::MutexLock lock(&job_mu_);
+  if (job_ == nullptr || job_->job_id != request.job_id() || job_->loop->result().has_value()) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " does not run here"));
+  }
+  if (job_->checkpoints == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", request.job_id(), " has no checkpoint policy"));
+  }
+  job_->loop->RequestCheckpoint();
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "common/background_tasks.h"
 #include "services/telemetry_uploader.h"
+#include "worker/checkpointing.h"
 #include "worker/executable_store.h"
 #include "worker/host_identity.h"
 #include "worker/metrics.h"
@@ -72,6 +73,7 @@ class WorkerServer {
   class CompileReactor;
   struct RunningJob {
     std::string job_id;
+    std::shared_ptr<worker::CheckpointSaver> checkpoints;  // null: no policy; outlives the loop
     std::unique_ptr<worker::StepLoop> loop;
   };
   explicit WorkerServer(Config config);
@@ -80,6 +82,9 @@ class WorkerServer {
   absl::Status Heartbeat();
   absl::Status StartJob(const v1::StartJobRequest& request);
   absl::Status StopJob(const v1::StopJobRequest& request);
+  absl::Status CheckpointNow(const v1::CheckpointNowRequest& request);
+  // Waits (polling, bounded by `deadline`) until the running job's loop ended, if any.
+  void WaitForJobEnd(absl::Duration deadline);
   // Compiles and serializes `request`'s program, keeping the executable in the local store.
   // Errors: FAILED_PRECONDITION (no runtime), INVALID_ARGUMENT (bad signature; compile errors).
   absl::StatusOr<std::string> CompileProgram(const v1::CompileProgramRequest& request);

@@ -70,6 +70,10 @@ class CycledBatches final : public BatchSource {
   absl::StatusOr<std::vector<runtime::HostArray>> Next() override {
     return batches_[next_++ % batches_.size()];
   }
+  absl::Status Skip(int64_t consumed) override {
+    next_ += static_cast<size_t>(consumed);
+    return absl::OkStatus();
+  }
 
  private:
   std::vector<std::vector<runtime::HostArray>> batches_;
@@ -96,6 +100,11 @@ class RowBatches : public BatchSource {
       out.push_back(name == kTokensInput ? tokens : doc_ids);
     }
     return out;
+  }
+  // A row depends on (seed, step, row) only: seeking is setting the step.
+  absl::Status Skip(int64_t consumed) final {
+    step_ += consumed;
+    return absl::OkStatus();
   }
 
  protected:

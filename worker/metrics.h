@@ -34,6 +34,10 @@ inline constexpr char kTelemetryReduceTime[] = "TelemetryReduceTime";  // timer 
 inline constexpr char kTelemetrySinkTime[] = "TelemetrySinkTime";  // timer (the sink callback)
 inline constexpr char kAllReduceTime[] = "AllReduceTime";  // timer (cross-host gradient all-reduce)
 inline constexpr char kAllReduceBytes[] = "AllReduceBytes";  // bytes reduced; count = all-reduces
+inline constexpr char kCheckpointBlockingTime[] = "CheckpointBlockingTime";  // timer (loop waits)
+inline constexpr char kCheckpointWriteTime[] = "CheckpointWriteTime";  // timer (writer thread)
+inline constexpr char kCheckpointBytes[] = "CheckpointBytes";  // bytes written; count = checkpoints
+inline constexpr char kCheckpointFailures[] = "CheckpointFailures";  // counter
 inline constexpr char kSteps[] = "Steps";                        // counter
 inline constexpr char kTelemetryReads[] = "TelemetryReads";      // counter (one per logging step)
 inline constexpr char kCacheHits[] = "CacheHits";                // counter (executable cache)

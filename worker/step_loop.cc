@@ -99,6 +99,11 @@ std::string LoopOutcomeName(LoopOutcome outcome) {
 
 // ---- TelemetryReducer ----
 
+absl::Status BatchSource::Skip(int64_t consumed) {
+  for (int64_t i = 0; i < consumed; ++i) RETURN_IF_ERROR(Next().status());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Config config) {
   if (config.runtime == nullptr) return absl::InvalidArgumentError("no runtime given");
   if (config.series.empty()) return absl::InvalidArgumentError("no telemetry series to reduce");
@@ -378,6 +383,10 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
     return absl::InvalidArgumentError(
         absl::StrCat("replica_count must be >= 1, got ", spec.replica_count));
   }
+  if (spec.first_step < 1 || spec.first_step > spec.steps + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("first_step must be in [1, steps + 1 = ",
+                                                   spec.steps + 1, "], got ", spec.first_step));
+  }
   const runtime::Executable& init = *config.init;
   // The program that ends a step (state and telemetry out), and the one that takes the batches.
   const runtime::Executable& step = mode_b ? *config.apply : *config.step;
@@ -559,6 +568,7 @@ absl::Status StepLoop::Start() {
     absl::MutexLock l(&mu_);
     if (started_) return absl::FailedPreconditionError("the step loop was already started");
     started_ = true;
+    last_completed_ = config_.spec.first_step - 1;
   }
   absl::MutexLock join(&join_mu_);
   prefetch_thread_ = std::thread([this] { PrefetchMain(); });
@@ -651,6 +661,17 @@ void StepLoop::Run() {
 }
 
 absl::Status StepLoop::Initialize() {
+  if (config_.restore_state) {
+    const absl::Time start = config_.clock->Now();
+    absl::StatusOr<DeviceBuffers> restored = config_.restore_state(devices_, partitions_);
+    if (!restored.ok()) return PrefixStatus(restored.status(), "restoring the checkpoint: ");
+    state_ = *std::move(restored);
+    metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
+    if (state_.size() != devices_.size()) {
+      return absl::InternalError("the restored state does not cover the step's devices");
+    }
+    return absl::OkStatus();
+  }
   const runtime::Executable& init = *config_.init;
   HostArray seed;
   bool takes_seed = true;
@@ -686,9 +707,10 @@ absl::Status StepLoop::RunSteps() {
   const runtime::Executable& step = *config_.step;
   const int num_state = config_.spec.num_state;
   if (cancelled()) return absl::CancelledError("cancelled before init");
-  RequestBatch(1);  // batch 1 uploads while init runs
+  const int64_t first = config_.spec.first_step;
+  if (first <= steps) RequestBatch(first);  // the first batch uploads while init runs
   if (absl::Status status = Initialize(); !status.ok()) return PrefixStatus(status, "init: ");
-  for (int64_t s = 1; s <= steps; ++s) {
+  for (int64_t s = first; s <= steps; ++s) {
     if (cancelled()) return absl::CancelledError(absl::StrCat("cancelled before step ", s));
     const absl::Time start = config_.clock->Now();
     absl::StatusOr<DeviceBuffers> batch = TakeBatch(s);
@@ -712,10 +734,38 @@ absl::Status StepLoop::RunSteps() {
     for (size_t d = 0; d < devices_.size(); ++d) {
       for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
     }
-    absl::MutexLock l(&mu_);
-    last_completed_ = s;
+    {
+      absl::MutexLock l(&mu_);
+      last_completed_ = s;
+    }
+    MaybeCheckpoint(s);
   }
   return absl::OkStatus();
+}
+
+void StepLoop::MaybeCheckpoint(int64_t s) {
+  bool due = s == config_.spec.steps ||
+             (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);
+  bool stop = false;
+  {
+    absl::MutexLock l(&mu_);
+    due = due || checkpoint_requested_;
+    stop = stop_after_checkpoint_;
+    checkpoint_requested_ = false;
+  }
+  if (due && config_.checkpoint) {
+    const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
+    const absl::Time start = config_.clock->Now();
+    config_.checkpoint(s, state_, partitions_, s * micro);
+    metrics_->AddTime(kCheckpointBlockingTime, config_.clock->Now() - start);
+  }
+  if (stop) Cancel();
+}
+
+void StepLoop::RequestCheckpoint(bool then_stop) {
+  absl::MutexLock l(&mu_);
+  checkpoint_requested_ = true;
+  stop_after_checkpoint_ = stop_after_checkpoint_ || then_stop;
 }
 
 absl::Status StepLoop::ZeroAccumulators() {
@@ -742,12 +792,14 @@ absl::Status StepLoop::RunModeBSteps() {
   const int64_t total = spec.steps * micro;  // micro-batches over the run
   const int num_state = spec.num_state;
   if (cancelled()) return absl::CancelledError("cancelled before init");
-  RequestBatch(1);  // micro-batch 1 uploads while init runs
+  const int64_t first = spec.first_step;
+  // The first micro-batch uploads while init runs.
+  if (first <= spec.steps) RequestBatch((first - 1) * micro + 1);
   if (absl::Status status = Initialize(); !status.ok()) return PrefixStatus(status, "init: ");
   if (absl::Status status = ZeroAccumulators(); !status.ok()) {
     return PrefixStatus(status, "init: zero accumulators: ");
   }
-  for (int64_t s = 1; s <= spec.steps; ++s) {
+  for (int64_t s = first; s <= spec.steps; ++s) {
     const absl::Time start = config_.clock->Now();
     for (int64_t m = 1; m <= micro; ++m) {
       if (cancelled()) {
@@ -797,8 +849,11 @@ absl::Status StepLoop::RunModeBSteps() {
         grad_acc_[d][i] = std::move((*outputs)[d][num_state + i]);
       }
     }
-    absl::MutexLock l(&mu_);
-    last_completed_ = s;
+    {
+      absl::MutexLock l(&mu_);
+      last_completed_ = s;
+    }
+    MaybeCheckpoint(s);
   }
   return absl::OkStatus();
 }

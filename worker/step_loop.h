@@ -77,6 +77,11 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // Errors: any; the loop fails the step the batch was for with "step <s>: <message>".
   virtual absl::StatusOr<std::vector<runtime::HostArray>> Next() = 0;
+  // Positions the source as if Next() had been called `consumed` times, so that a job resumed
+  // from a checkpoint takes the batches the uninterrupted run would have. The default calls
+  // Next() that many times; sources that can seek override it.
+  // Errors: Next()'s.
+  virtual absl::Status Skip(int64_t consumed);
 };
 
 // One declared telemetry output of the step program.
@@ -112,6 +117,9 @@ struct RunSpec {
   int64_t steps = 0;
   int replica_count = 1;          // data-parallel replicas on this host (weights the global mean)
   bool synthetic_data = false;    // marked in every summary
+  // The first step to run: 1, or 1 + the step of the checkpoint a resumed job starts from
+  // (Config::restore_state). steps + 1 runs nothing.
+  int64_t first_step = 1;
 };
 
 // One telemetry series' value at one step on this host.
@@ -211,6 +219,18 @@ class StepLoop {
   // accumulators [device][grad_acc array]; it may replace the buffers (same shapes). An error
   // fails the step ("step <s>: gradient reduction: <message>").
   using GradientHook = std::function<absl::Status(DeviceBuffers& grad_acc)>;
+  // Resume: makes the state [device][state input] on `device_indices` (the step's devices,
+  // running mesh partitions `partitions`) instead of running init.
+  using RestoreState = std::function<absl::StatusOr<DeviceBuffers>(
+      const std::vector<int>& device_indices, const std::vector<int64_t>& partitions)>;
+  // Checkpoints: runs on the loop thread after step `step` completed (see Config::checkpoint_every)
+  // with the state [device][state input], the step's devices' mesh partitions, and the batches
+  // the source has handed out so far (mode B: micro-batches). It must copy what it keeps before
+  // it returns, since the next step donates the state; the loop records the time it takes as
+  // CheckpointBlockingTime. It reports its own errors: the loop goes on regardless.
+  using CheckpointHook = std::function<void(int64_t step, const DeviceBuffers& state,
+                                            const std::vector<int64_t>& partitions,
+                                            int64_t data_position)>;
 
   struct Config {
     runtime::Runtime* runtime = nullptr;  // borrowed; must outlive the loop
@@ -221,6 +241,10 @@ class StepLoop {
     std::shared_ptr<const runtime::Executable> grad;
     std::shared_ptr<const runtime::Executable> apply;
     GradientHook reduce_gradients;  // mode B, may be empty
+    RestoreState restore_state;     // may be empty: run init
+    CheckpointHook checkpoint;      // may be empty: no checkpoints
+    // A checkpoint after every N-th step and after the last one; 0 = only when requested.
+    int64_t checkpoint_every = 0;
     RunSpec spec;
     std::unique_ptr<BatchSource> batches;
     SummarySink sink;       // may be empty
@@ -247,6 +271,10 @@ class StepLoop {
   // flight completes; mode B: also between micro-steps): the outcome is kCancelled with the last
   // completed step.
   void Cancel();
+  // Asks for a checkpoint after the step in flight (or the next one to start); with `then_stop`
+  // the loop ends cancelled right after it (a preempted host loses no step). Without
+  // Config::checkpoint only `then_stop` has an effect (a plain Cancel). Returns at once.
+  void RequestCheckpoint(bool then_stop = false);
   // Cancel(), then waits until the loop thread (and its prefetch thread) ended. Idempotent.
   void Stop();
   // Blocks until the loop ended (Start must have been called, else returns at once with an
@@ -268,6 +296,8 @@ class StepLoop {
   // Mode B: uploads the zero accumulators once, after init.
   absl::Status ZeroAccumulators();
   absl::Status Initialize();
+  // After step `s` completed and its state is in state_: the checkpoint hook, when due.
+  void MaybeCheckpoint(int64_t s);
   // After step `s`'s program ran (from `start`, launched at `launched`): records its metrics and,
   // on a logging step, emits its telemetry. A telemetry error still counts the step completed.
   absl::Status StepDone(int64_t s, absl::Time start, absl::Time launched,
@@ -305,6 +335,8 @@ class StepLoop {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id loop_thread_id_ ABSL_GUARDED_BY(mu_);
   bool cancel_ ABSL_GUARDED_BY(mu_) = false;
+  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_after_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   bool prefetch_shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t prefetch_request_ ABSL_GUARDED_BY(mu_) = 0;  // step to fetch; 0 = none
   int64_t prefetch_ready_step_ ABSL_GUARDED_BY(mu_) = 0;

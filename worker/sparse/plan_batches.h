@@ -42,6 +42,8 @@ class PlanBatches final : public BatchSource {
   // the doc_ids array is missing, not s32 [rows, seq_len], or a row is invalid for the planner
   // (decreasing, or needing more than max_grid_width tiles), naming the row.
   absl::StatusOr<std::vector<runtime::HostArray>> Next() override;
+  // The tables depend on the batch alone: skipping is the inner source's.
+  absl::Status Skip(int64_t consumed) override { return config_.inner->Skip(consumed); }
 
  private:
   explicit PlanBatches(Config config) : config_(std::move(config)) {}

@@ -1,0 +1,279 @@
+#include "checkpoint/store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "checkpoint/layout.h"
+#include "common/file_sync.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+
+namespace meshrun::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kTempSuffix[] = ".meshrun-tmp";
+
+absl::Status FileError(const std::string& what, const std::string& path, int error) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(error)));
+}
+
+// Writes `bytes` to `path` and fsyncs it.
+absl::Status WriteFileSynced(const std::string& path, absl::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return FileError("creating", path, errno);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      return FileError("writing", path, error);
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int sync_error = FsyncInPieces(fd);
+  ::close(fd);
+  if (sync_error != 0) return FileError("fsyncing", path, sync_error);
+  return absl::OkStatus();
+}
+
+// Whole-file write under a private name, then rename: readers and other writers of the same
+// file never see half of it.
+absl::Status ReplaceFileSynced(const std::string& path, absl::string_view bytes) {
+  const std::string temp = absl::StrCat(path, ".", ::getpid(), ".tmp");
+  RETURN_IF_ERROR(WriteFileSynced(temp, bytes));
+  if (::rename(temp.c_str(), path.c_str()) != 0) return FileError("renaming to", path, errno);
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::error_code error;
+  fs::create_directories(path, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("creating ", path, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& path) {
+  if (int error = FsyncDirectory(path); error != 0) return FileError("fsyncing", path, error);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool IsStepName(const std::string& name, int64_t* step) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit) &&
+         absl::SimpleAtoi(name, step);
+}
+
+}  // namespace
+
+std::string StepDir(const std::string& root, int64_t step) {
+  return (fs::path(root) / absl::StrCat(step)).string();
+}
+
+std::string TempStepDir(const std::string& root, int64_t step) {
+  return (fs::path(root) / absl::StrCat(step, kTempSuffix)).string();
+}
+
+absl::StatusOr<std::vector<v1::CheckpointArray>> WriteChunks(
+    const std::string& temp_dir, const std::vector<ArrayChunks>& arrays) {
+  RETURN_IF_ERROR(MakeDirs(temp_dir));
+  std::vector<v1::CheckpointArray> written;
+  for (const ArrayChunks& entry : arrays) {
+    const std::string dir = (fs::path(temp_dir) / entry.array.leaf()).string();
+    RETURN_IF_ERROR(MakeDirs(dir));
+    ASSIGN_OR_RETURN(std::string zarray, ZarrArrayJson(entry.array));
+    RETURN_IF_ERROR(ReplaceFileSynced((fs::path(dir) / ".zarray").string(), zarray));
+    v1::CheckpointArray out = entry.array;
+    out.clear_chunks();
+    int64_t chunk_elements = 1;
+    for (int64_t n : entry.array.chunk_shape()) chunk_elements *= n;
+    for (const Chunk& chunk : entry.chunks) {
+      if (chunk.data.shape.NumElements() != chunk_elements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            entry.array.name(), " chunk ", chunk.key, " holds ", chunk.data.shape.NumElements(),
+            " elements, its chunk shape ", chunk_elements));
+      }
+      RETURN_IF_ERROR(WriteFileSynced((fs::path(dir) / chunk.key).string(), chunk.data.bytes));
+      v1::CheckpointChunk* record = out.add_chunks();
+      record->set_key(chunk.key);
+      record->set_sha256(Sha256Hex(chunk.data.bytes));
+      record->set_bytes(static_cast<int64_t>(chunk.data.bytes.size()));
+    }
+    RETURN_IF_ERROR(SyncDir(dir));
+    written.push_back(std::move(out));
+  }
+  RETURN_IF_ERROR(SyncDir(temp_dir));
+  return written;
+}
+
+absl::StatusOr<std::string> Commit(const std::string& root,
+                                   const v1::CheckpointManifest& manifest, int keep_last) {
+  const std::string temp = TempStepDir(root, manifest.step());
+  if (!fs::is_directory(temp)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no checkpoint was written for step ", manifest.step(), " (", temp, ")"));
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(manifest, &json, options).ok()) {
+    return absl::InternalError("the checkpoint manifest does not print as JSON");
+  }
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(temp) / "_METADATA").string(),
+                                  OrbaxTreeMetadataJson(manifest)));
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(temp) / "_CHECKPOINT_METADATA").string(),
+                                  OrbaxStepMetadataJson(now, now)));
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(temp) / "commit_success.txt").string(),
+                                  absl::StrCat("meshrun committed step ", manifest.step(), "\n")));
+  // The manifest last: its presence is what makes the directory a checkpoint.
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(temp) / kManifestFile).string(), json));
+  RETURN_IF_ERROR(SyncDir(temp));
+  const std::string final_dir = StepDir(root, manifest.step());
+  std::error_code error;
+  fs::remove_all(final_dir, error);  // a step saved twice (a resumed job): the newer wins
+  if (::rename(temp.c_str(), final_dir.c_str()) != 0) {
+    return FileError("renaming to", final_dir, errno);
+  }
+  RETURN_IF_ERROR(SyncDir(root));
+  if (keep_last > 0) {
+    std::vector<int64_t> steps = CommittedSteps(root);
+    for (size_t i = 0; i + keep_last < steps.size(); ++i) {
+      fs::remove_all(StepDir(root, steps[i]), error);
+    }
+  }
+  return final_dir;
+}
+
+void Discard(const std::string& root, int64_t step) {
+  std::error_code error;
+  fs::remove_all(TempStepDir(root, step), error);
+}
+
+std::vector<int64_t> CommittedSteps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    int64_t step = 0;
+    if (entry.is_directory() && IsStepName(entry.path().filename().string(), &step) &&
+        fs::exists(entry.path() / kManifestFile)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
+  if (!fs::is_directory(path)) {
+    return absl::NotFoundError(absl::StrCat(path, " is not a directory"));
+  }
+  if (fs::exists(fs::path(path) / kManifestFile)) return path;
+  const std::string name = fs::path(path).filename().string();
+  int64_t step = 0;
+  if (IsStepName(name, &step) || name.find(kTempSuffix) != std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is a partial checkpoint (no ", kManifestFile,
+        "): its hosts never all reported, so it was not committed; use an earlier step"));
+  }
+  std::vector<int64_t> steps = CommittedSteps(path);
+  if (steps.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " holds no committed checkpoint (no <step>/", kManifestFile, ")"));
+  }
+  return StepDir(path, steps.back());
+}
+
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
+  ASSIGN_OR_RETURN(std::string resolved, ResolveCheckpoint(step_dir));
+  if (resolved != step_dir) {
+    return absl::FailedPreconditionError(absl::StrCat(step_dir, " is not a step directory"));
+  }
+  ASSIGN_OR_RETURN(std::string json, ReadFile((fs::path(step_dir) / kManifestFile).string()));
+  v1::CheckpointManifest manifest;
+  if (!google::protobuf::util::JsonStringToMessage(json, &manifest).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_dir, "/", kManifestFile, " is not a meshrun checkpoint manifest"));
+  }
+  return manifest;
+}
+
+absl::StatusOr<runtime::HostArray> ReadArray(const std::string& step_dir,
+                                             const v1::CheckpointArray& array) {
+  ASSIGN_OR_RETURN(runtime::DType dtype, runtime::ParseDType(array.dtype()));
+  const std::vector<int64_t> dims(array.shape().begin(), array.shape().end());
+  const std::vector<int64_t> chunk(array.chunk_shape().begin(), array.chunk_shape().end());
+  if (chunk.size() != dims.size()) {
+    return absl::DataLossError(absl::StrCat(array.name(), ": chunk_shape and shape differ in rank"));
+  }
+  runtime::HostArray out{{dtype, dims}, {}};
+  out.bytes.assign(static_cast<size_t>(out.shape.ByteSize()), '\0');
+  const int64_t element = runtime::DTypeByteSize(dtype);
+  int64_t chunk_bytes = element;
+  for (int64_t n : chunk) chunk_bytes *= n;
+  std::set<std::string> seen;
+  for (const v1::CheckpointChunk& c : array.chunks()) {
+    const std::string where = absl::StrCat("array ", array.name(), " chunk ", c.key(), " (",
+                                           step_dir, "/", array.leaf(), "/", c.key(), ")");
+    absl::StatusOr<std::string> bytes = ReadFile((fs::path(step_dir) / array.leaf() / c.key()).string());
+    if (!bytes.ok()) return absl::DataLossError(absl::StrCat(where, " is missing"));
+    if (static_cast<int64_t>(bytes->size()) != chunk_bytes) {
+      return absl::DataLossError(absl::StrCat(where, " holds ", bytes->size(), " bytes, expected ",
+                                              chunk_bytes, " (truncated?)"));
+    }
+    if (Sha256Hex(*bytes) != c.sha256()) {
+      return absl::DataLossError(absl::StrCat(where, " does not match its sha256: corrupted"));
+    }
+    std::vector<int64_t> start;
+    if (!dims.empty()) {
+      std::vector<std::string> parts = absl::StrSplit(c.key(), '.');
+      if (parts.size() != dims.size()) return absl::DataLossError(where + ": malformed key");
+      for (size_t i = 0; i < dims.size(); ++i) {
+        int64_t g = 0;
+        if (!absl::SimpleAtoi(parts[i], &g) || g < 0 || (g + 1) * chunk[i] > dims[i]) {
+          return absl::DataLossError(where + ": key outside the array");
+        }
+        start.push_back(g * chunk[i]);
+      }
+    }
+    CopyBlock(bytes->data(), chunk, std::vector<int64_t>(dims.size(), 0), out.bytes.data(), dims,
+              start, chunk, element);
+    seen.insert(c.key());
+  }
+  int64_t expected = 1;
+  for (size_t i = 0; i < dims.size(); ++i) expected *= chunk[i] == 0 ? 0 : dims[i] / chunk[i];
+  if (static_cast<int64_t>(seen.size()) != expected) {
+    return absl::DataLossError(absl::StrCat("array ", array.name(), " has ", seen.size(),
+                                            " of its ", expected, " chunks in ", step_dir));
+  }
+  return out;
+}
+
+}  // namespace meshrun::checkpoint

@@ -1,0 +1,101 @@
+#include "coordinator/checkpoint_commits.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/store.h"
+#include "common/status_macros.h"
+
+namespace meshrun::coordinator {
+
+absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report) {
+  if (report.job_id().empty() || report.host().empty() || report.step() < 1) {
+    return absl::InvalidArgumentError("job_id, host and step (>= 1) must be set");
+  }
+  ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(report.job_id()));
+  if (!job.spec().has_checkpoint()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", report.job_id(), " has no checkpoint policy"));
+  }
+  auto member = job.host_incarnations().find(report.host());
+  if (member == job.host_incarnations().end() || member->second != report.incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host ", report.host(), " incarnation ", report.incarnation(), " is not part of job ",
+        report.job_id()));
+  }
+  Step done;
+  {
+    absl::MutexLock lock(&mu_);
+    Step& step = steps_[{report.job_id(), report.step()}];
+    step.hosts.insert(report.host());
+    v1::CheckpointManifest& manifest = step.manifest;
+    manifest.set_job_id(report.job_id());
+    manifest.set_step(report.step());
+    if (report.error().empty()) {
+      manifest.add_hosts(report.host());
+      manifest.set_data_position(report.data_position());
+    } else if (step.error.empty()) {
+      step.error = report.error();
+    }
+    step.blocking_seconds = std::max(step.blocking_seconds, report.blocking_seconds());
+    // An array's chunks may come from several hosts: merge them by name.
+    for (const v1::CheckpointArray& array : report.arrays()) {
+      v1::CheckpointArray* merged = nullptr;
+      for (v1::CheckpointArray& a : *manifest.mutable_arrays()) {
+        if (a.name() == array.name()) merged = &a;
+      }
+      if (merged == nullptr) {
+        merged = manifest.add_arrays();
+        *merged = array;
+        merged->clear_chunks();
+      }
+      for (const v1::CheckpointChunk& chunk : array.chunks()) *merged->add_chunks() = chunk;
+    }
+    if (step.hosts.size() < static_cast<size_t>(job.host_incarnations_size())) {
+      return absl::OkStatus();
+    }
+    done = std::move(step);
+    steps_.erase({report.job_id(), report.step()});
+  }
+  return Finish(job, std::move(done));
+}
+
+absl::Status CheckpointCommits::Finish(const v1::JobManifest& job, Step step) {
+  const v1::CheckpointPolicy& policy = job.spec().checkpoint();
+  v1::CheckpointRecord record;
+  record.set_step(step.manifest.step());
+  record.set_blocking_seconds(step.blocking_seconds);
+  absl::Status status = absl::OkStatus();
+  if (step.error.empty()) {
+    for (const std::string& axis : job.mesh().axis_names()) step.manifest.add_mesh_axes(axis);
+    for (int64_t n : job.mesh().shape()) step.manifest.add_mesh_shape(n);
+    step.manifest.set_committed_unix_micros(absl::ToUnixMicros(absl::Now()));
+    absl::StatusOr<std::string> dir =
+        checkpoint::Commit(policy.directory(), step.manifest, policy.keep_last());
+    status = dir.status();
+    if (dir.ok()) {
+      record.set_committed(true);
+      record.set_path(*dir);
+      spdlog::info("job {}: checkpoint of step {} committed at {}", job.job_id(),
+                   step.manifest.step(), *dir);
+    } else {
+      step.error = absl::StrCat("commit: ", status.message());
+    }
+  }
+  if (!step.error.empty()) {
+    checkpoint::Discard(policy.directory(), step.manifest.step());
+    record.set_error(step.error);
+    spdlog::error("job {}: checkpoint of step {} failed: {}", job.job_id(), step.manifest.step(),
+                  step.error);
+  }
+  record.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+  RETURN_IF_ERROR(jobs_->Update(job.job_id(), [&record](v1::JobManifest& manifest) {
+    *manifest.add_checkpoints() = record;
+  }));
+  return status;
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,64 @@
+#include "services/cli_checkpoints.h"
+
+#include <filesystem>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/store.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "submit: save the job's state here (shared by every host and the coordinator); "
+          "empty = no checkpoints");
+ABSL_FLAG(int64_t, checkpoint_every, 100,
+          "submit: with --checkpoint_dir, a checkpoint after every N-th step and the last");
+ABSL_FLAG(int32_t, keep_checkpoints, 3,
+          "submit: committed checkpoints kept, newest first (0 = all)");
+ABSL_FLAG(std::string, resume_from, "",
+          "submit: start from a checkpoint instead of init: a step directory, a checkpoint "
+          "directory (its newest step) or a job id (its newest checkpoint)");
+
+namespace meshrun::services {
+
+absl::Status ApplyCheckpointFlags(
+    v1::JobSpec& spec,
+    const std::function<absl::StatusOr<v1::JobManifest>(const std::string&)>& get_job) {
+  namespace fs = std::filesystem;
+  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!dir.empty()) {
+    if (!fs::is_directory(dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir ", dir, " is not a directory; create it (on storage every host "
+          "of the job mounts)"));
+    }
+    if (absl::GetFlag(FLAGS_checkpoint_every) < 1) {
+      return absl::InvalidArgumentError("--checkpoint_every must be >= 1");
+    }
+    if (absl::GetFlag(FLAGS_keep_checkpoints) < 0) {
+      return absl::InvalidArgumentError("--keep_checkpoints must be >= 0 (0 keeps all)");
+    }
+    v1::CheckpointPolicy* policy = spec.mutable_checkpoint();
+    policy->set_directory(fs::absolute(dir).lexically_normal().string());
+    policy->set_every_steps(absl::GetFlag(FLAGS_checkpoint_every));
+    policy->set_keep_last(absl::GetFlag(FLAGS_keep_checkpoints));
+  }
+  const std::string resume = absl::GetFlag(FLAGS_resume_from);
+  if (resume.empty()) return absl::OkStatus();
+  if (fs::exists(resume)) {
+    ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(resume));
+    spec.set_resume_from(fs::absolute(step_dir).lexically_normal().string());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(v1::JobManifest job, get_job(resume));
+  for (int i = job.checkpoints_size() - 1; i >= 0; --i) {
+    const v1::CheckpointRecord& record = job.checkpoints(i);
+    if (record.committed() && fs::exists(record.path())) {
+      spec.set_resume_from(record.path());
+      return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--resume_from ", resume, ": job ", resume, " has no committed checkpoint on this machine"));
+}
+
+}  // namespace meshrun::services
