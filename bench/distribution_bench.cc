@@ -38,6 +38,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "bench/bench_tls.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -162,6 +163,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string dir = templ;
+  if (absl::Status tls = bench::MaybeEnableTls(dir, "coordinator"); !tls.ok()) {
+    std::fprintf(stderr, "distribution_bench: %s\n", std::string(tls.message()).c_str());
+    return 1;
+  }
   struct Cleanup {
     std::string dir;
     ~Cleanup() {
@@ -209,7 +214,8 @@ int main(int argc, char** argv) {
   for (int b = 0; b < 2; ++b) {
     int port = 0;
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(
+        "127.0.0.1:0", *services::MakeServerCredentials(services::ProcessSecurity()), &port);
     builder.RegisterService(&discard);
     bare.push_back(builder.BuildAndStart());
     if (bare.back() == nullptr || port == 0) {

@@ -1,4 +1,5 @@
 #include "services/binary_setup.h"
+#include "services/security_flags.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,9 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
     ExitWithError(std::string(status.message()), 2);
   }
   RouteGrpcLogsToSpdlog();
+  if (absl::Status status = ApplySecurityFlags(std::string(program) != "meshrun"); !status.ok()) {
+    ExitWithError(std::string(status.message()), 2);
+  }
   return std::vector<std::string>(positional.begin(), positional.end());
 }
 

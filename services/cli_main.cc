@@ -21,6 +21,7 @@
 #include "coordinator/job_table.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/binary_setup.h"
+#include "services/cli_certs.h"
 #include "services/cli_checkpoints.h"
 #include "services/grpc_probe.h"
 #include "services/job_bundle.h"
@@ -77,7 +78,8 @@ constexpr char kUsage[] =
     "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
-    "  version              print this build's version and protocol range\n";
+    "  version              print this build's version and protocol range\n"
+    "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n";
 
 int Health(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
@@ -136,6 +138,10 @@ int Workers() {
   if (!workers.ok()) {
     ExitWithError(absl::StrCat("cannot list workers of coordinator ", address, ": ",
                                workers.status().message()), 1);
+  }
+  if (workers->coordinator_insecure()) {
+    std::printf("WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): anyone "
+                "who reaches it can run code on the workers; see docs/security.md\n");
   }
   std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
               "DEVICES", "HEARTBEAT", "NOTE");
@@ -474,6 +480,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = InitBinary("meshrun", kUsage, argc, argv);
   if (args.size() < 2) ExitWithError(std::string("no command given\n") + kUsage, 2);
   const std::string& command = args[1];
+  if (command == "certs") return meshrun::services::RunCertsCommand(args);
   if (command == "health") return Health(args);
   if (command == "workers") return Workers();
   if (command == "submit") return Submit(args);

@@ -8,9 +8,12 @@
 #include "services/binary_setup.h"
 #include "services/coordinator_server.h"
 #include "services/server_support.h"
+#include "services/tls_credentials.h"
 #include "worker/runtime/backends.h"
 
-ABSL_FLAG(std::string, listen, "[::]:7070", "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, listen, "",
+          "HOST:PORT to serve on; port 0 picks a free port; default [::]:7070 with TLS, "
+          "127.0.0.1:7070 without (other plaintext addresses need --insecure)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for persistent state (executable cache, telemetry history); default "
           "$XDG_STATE_HOME/meshrun/coordinator or ~/.local/state/meshrun/coordinator");
@@ -50,7 +53,9 @@ int main(int argc, char** argv) {
     if (!error) web_root = (exe.parent_path().parent_path() / "web").string();
   }
   auto server = meshrun::services::CoordinatorServer::Start(
-      {.listen = absl::GetFlag(FLAGS_listen),
+      {.listen = absl::GetFlag(FLAGS_listen).empty()
+                     ? meshrun::services::DefaultListenAddress(7070)
+                     : absl::GetFlag(FLAGS_listen),
        .state_dir = state_dir,
        .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout),
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),

@@ -1,4 +1,5 @@
 #include "services/coordinator_server.h"
+#include "services/tls_credentials.h"
 
 #include <spdlog/spdlog.h>
 
@@ -276,7 +277,8 @@ void CoordinatorRpcHandler::WaitAtBarrier(const v1::WaitAtBarrierRequest& reques
 class CoordinatorServer::UploadReactor final
     : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
  public:
-  explicit UploadReactor(CoordinatorTelemetry* telemetry) : telemetry_(telemetry) {
+  UploadReactor(CoordinatorTelemetry* telemetry, grpc::CallbackServerContext* context)
+      : telemetry_(telemetry), context_(context) {
     StartRead(&in_);
   }
 
@@ -287,7 +289,8 @@ class CoordinatorServer::UploadReactor final
       FinishIfIdleLocked(grpc::Status::OK);
       return;
     }
-    absl::StatusOr<int64_t> persisted = telemetry_->Accept(in_);
+    absl::Status caller = CheckWorkerHost(*context_, in_.host());  // a worker sends as itself
+    absl::StatusOr<int64_t> persisted = caller.ok() ? telemetry_->Accept(in_) : caller;
     absl::MutexLock lock(&mu_);
     if (!persisted.ok()) {
       reads_done_ = true;
@@ -329,6 +332,7 @@ class CoordinatorServer::UploadReactor final
   }
 
   CoordinatorTelemetry* const telemetry_;
+  grpc::CallbackServerContext* const context_;
   v1::HostSummary in_;
   absl::Mutex mu_;
   v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
@@ -419,22 +423,34 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->RegisterWorker(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->registration().host()));
+      return handler_->RegisterWorker(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->Heartbeat(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->Heartbeat(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
                                              const v1::DeregisterWorkerRequest* request,
                                              v1::DeregisterWorkerResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->DeregisterWorker(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->DeregisterWorker(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->ListWorkers(*request, response); });
+    return FinishUnary(context, [&] {
+      response->set_coordinator_insecure(ServingInsecurely());
+      return handler_->ListWorkers(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -459,12 +475,18 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* ReportJobProgress(grpc::CallbackServerContext* context,
                                               const v1::ReportJobProgressRequest* request,
                                               v1::ReportJobProgressResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->ReportJobProgress(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->ReportJobProgress(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* ReportCheckpoint(grpc::CallbackServerContext* context,
                                              const v1::ReportCheckpointRequest* request,
                                              v1::ReportCheckpointResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->ReportCheckpoint(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      return handler_->ReportCheckpoint(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* context,
                                           const v1::CheckpointJobRequest* request,
@@ -472,8 +494,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
     return FinishUnary(context, [&] { return handler_->CheckpointJob(*request, response); });
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
-      grpc::CallbackServerContext*) override {
-    return new UploadReactor(&handler_->telemetry());
+      grpc::CallbackServerContext* context) override {
+    return new UploadReactor(&handler_->telemetry(), context);
   }
   grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
       grpc::CallbackServerContext*, const v1::WatchTelemetryRequest* request) override {

@@ -1,4 +1,5 @@
 #include "services/dashboard_api.h"
+#include "services/tls_credentials.h"
 
 #include <google/protobuf/util/json_util.h>
 
@@ -211,6 +212,9 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
   // Jobs: a count per state (every state, so absent ones read 0) and each job's own state.
   v1::ListJobsResponse jobs;
   RETURN_IF_ERROR(handler.ListJobs({}, &jobs));
+  RETURN_IF_ERROR(out.Declare("meshrun_insecure_plaintext", MetricType::kGauge,
+                              "1 when this coordinator serves plaintext beyond loopback (--insecure)."));
+  RETURN_IF_ERROR(out.Add("meshrun_insecure_plaintext", {}, ServingInsecurely() ? 1 : 0));
   RETURN_IF_ERROR(out.Declare("meshrun_jobs", MetricType::kGauge, "Jobs by state."));
   std::map<std::string, int> by_state;
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {

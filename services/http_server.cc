@@ -1,4 +1,5 @@
 #include "services/http_server.h"
+#include "services/http_auth.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -45,7 +46,7 @@ struct Stream {
 }  // namespace
 
 HttpServer::HttpServer(Config config)
-    : config_(std::move(config)), server_(std::make_unique<httplib::Server>()) {}
+    : config_(std::move(config)), server_(MakeHttplibServer()) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
   ASSIGN_OR_RETURN(HostPort address, ParseHostPort("http_listen", config.listen));
@@ -54,6 +55,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
   }
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(config)));
   httplib::Server& http = *server->server_;
+  RETURN_IF_ERROR(InstallHttpAccessControl(http, address.host));
   DashboardApi* api = server->config_.api;
   const std::string& root = server->config_.web_root;
   std::error_code error;

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/tls_credentials.h"
 
 namespace meshrun::services {
 
@@ -74,16 +75,20 @@ std::string DefaultStateDir(const std::string& component) {
 
 absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
                                               const std::vector<grpc::Service*>& services) {
-  if (absl::StatusOr<HostPort> parsed = ParseHostPort(flag, address); !parsed.ok()) {
-    return parsed.status();
-  }
+  absl::StatusOr<HostPort> parsed = ParseHostPort(flag, address);
+  if (!parsed.ok()) return parsed.status();
+  const SecurityConfig& security = ProcessSecurity();
+  if (absl::Status s = CheckPlaintextBind(security, flag, parsed->host); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(security);
+  if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);  // job specs carry their programs
   StartedServer started;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &started.port);
+  builder.AddListeningPort(address, *credentials, &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || started.port == 0) {
@@ -138,7 +143,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(ProcessSecurity()), args);
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {

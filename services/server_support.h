@@ -62,7 +62,8 @@ void RouteGrpcLogsToSpdlog();
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
-// A client channel with meshrun's defaults (no proxy lookups, insecure loopback-friendly).
+// A client channel with meshrun's defaults (no proxy lookups) and the process's credentials
+// (services/tls_credentials.h: mutual TLS and token when configured, else plaintext).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 // A context whose deadline is `timeout` from now. Every meshrun client call has one.

@@ -5,11 +5,14 @@
 #include "absl/flags/flag.h"
 #include "services/binary_setup.h"
 #include "services/server_support.h"
+#include "services/tls_credentials.h"
 #include "services/worker_server.h"
 #include "worker/host_identity.h"
 #include "worker/runtime/backends.h"
 
-ABSL_FLAG(std::string, listen, "[::]:7071", "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, listen, "",
+          "HOST:PORT to serve on; port 0 picks a free port; default [::]:7071 with TLS, "
+          "127.0.0.1:7071 without (other plaintext addresses need --insecure)");
 ABSL_FLAG(std::string, advertise_address, "",
           "HOST:PORT the coordinator uses to reach this worker; default: the listen host "
           "(the host name for a wildcard listen address) and the bound port");
@@ -51,7 +54,9 @@ int main(int argc, char** argv) {
     state_dir = meshrun::services::DefaultStateDir("worker-" + identity->host);
   }
   auto server = meshrun::services::WorkerServer::Start(
-      {.listen = absl::GetFlag(FLAGS_listen),
+      {.listen = absl::GetFlag(FLAGS_listen).empty()
+                     ? meshrun::services::DefaultListenAddress(7071)
+                     : absl::GetFlag(FLAGS_listen),
        .advertise_address = absl::GetFlag(FLAGS_advertise_address),
        .coordinator = absl::GetFlag(FLAGS_coordinator),
        .identity = *identity,

@@ -1,0 +1,38 @@
+// A small cluster certificate authority on OpenSSL's library, for `meshrun certs` and tests.
+//
+// Files in the CA directory: ca.pem (certificate), ca.key (private key, mode 0600), cluster
+// (the cluster name). Issued certificates carry one URI SAN spiffe://<cluster>/<role>/<name>
+// (services/security_policy.h), a DNS SAN <name> when it is a plausible host name, and both
+// serverAuth and clientAuth usages. Keys are ECDSA P-256.
+//
+// Thread-safety: the functions touch only the files they are given.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace meshrun::services {
+
+// Creates the CA in `dir` (created if missing). Errors: ALREADY_EXISTS (ca.pem there; pass
+// another directory), INVALID_ARGUMENT (bad cluster name), INTERNAL (OpenSSL or file error).
+absl::Status CreateClusterCa(const std::string& dir, const std::string& cluster, int days);
+
+struct IssueRequest {
+  std::string ca_dir;
+  std::string role;  // coordinator, worker, admin, submit or view
+  std::string name;  // the host for worker/coordinator; a person or program otherwise
+  int days = 365;    // validity from now (negative: already expired, for tests)
+  std::string out_cert;  // default <ca_dir>/<name>.pem
+  std::string out_key;   // default <ca_dir>/<name>.key
+};
+
+// Issues a key and certificate signed by the CA. Returns the SPIFFE id written.
+// Errors: NOT_FOUND (no CA in ca_dir), INVALID_ARGUMENT (role or name), INTERNAL.
+absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request);
+
+// A fresh random bearer token (32 bytes, hex).
+std::string NewBearerToken();
+
+}  // namespace meshrun::services

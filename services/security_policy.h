@@ -1,0 +1,88 @@
+// Who may call what: the logic half of meshrun's access control (no gRPC here; the adapter in
+// services/tls_credentials.h feeds it the peer's certificate identity and bearer token).
+//
+// Identities. A certificate names its holder with one URI SAN
+//   spiffe://<cluster>/<role>/<name>
+// where <role> is `coordinator`, `worker` (and <name> the host it may register as), or a
+// person/program role `admin`, `submit` or `view`. A bearer token maps to a role and a name
+// through the tokens file (see TokenStore).
+//
+// Roles: admin > submit > view (each includes the next); `worker` and `coordinator` are service
+// identities that include no user role. Methods not in the table need `admin`.
+//
+// Thread-safety: free functions are pure; TokenStore is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace meshrun::services {
+
+enum class Role { kView, kSubmit, kAdmin, kWorker, kCoordinator, kAnyAuthenticated };
+
+std::string RoleName(Role role);
+// Parses "view", "submit", "admin", "worker", "coordinator".
+// Errors: INVALID_ARGUMENT naming the value and the accepted names.
+absl::StatusOr<Role> ParseRole(const std::string& name);
+
+struct Identity {
+  Role role = Role::kView;
+  std::string name;
+  std::string source;  // "certificate" or "token"
+};
+
+// Parses "spiffe://<cluster>/<role>/<name>". Errors: INVALID_ARGUMENT saying what is wrong.
+absl::StatusOr<Identity> ParseSpiffeId(const std::string& uri);
+
+// The role a full gRPC method name ("/meshrun.v1.Coordinator/SubmitJob") needs.
+Role RequiredRole(const std::string& method);
+
+// OK when `identity` may call `method`. Errors: UNAUTHENTICATED (no identity),
+// PERMISSION_DENIED naming the role the method needs and the caller's.
+absl::Status Authorize(const std::string& method, const std::optional<Identity>& identity);
+
+// Bearer tokens from a file of lines "<sha256 hex of the token> <role> <name>" ('#' starts a
+// comment). Only hashes are stored; lookups compare in constant time. The file is re-read when
+// its modification time or size changes (checked at most once per `recheck`), so a removed line
+// revokes its token without a restart. A file that no longer parses keeps the last good table
+// and logs why.
+class TokenStore {
+ public:
+  // Errors: NOT_FOUND / INVALID_ARGUMENT naming the file and line.
+  static absl::StatusOr<std::unique_ptr<TokenStore>> Create(const std::string& path,
+                                                            absl::Duration recheck);
+  // The identity the token grants, or nullopt.
+  std::optional<Identity> Lookup(const std::string& token);
+
+  // Parses the file's text. Errors: INVALID_ARGUMENT naming the line.
+  struct Entry {
+    std::string sha256_hex;
+    Identity identity;
+  };
+  static absl::StatusOr<std::vector<Entry>> Parse(const std::string& text);
+
+ private:
+  TokenStore(std::string path, absl::Duration recheck) : path_(std::move(path)), recheck_(recheck) {}
+  absl::Status Reload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  const absl::Duration recheck_;
+  absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t size_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+// Constant-time equality of two strings of equal length (false when lengths differ).
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
+}  // namespace meshrun::services

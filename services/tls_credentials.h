@@ -1,0 +1,75 @@
+// gRPC credentials for every meshrun link, built in one place: mutual TLS from PEM files that
+// gRPC's FileWatcherCertificateProvider re-reads (a rotated certificate is used by new
+// connections without a restart), bearer tokens, and the adapter that feeds the peer's
+// certificate identity and token to the access policy of services/security_policy.h.
+//
+// The binaries fill a SecurityConfig from their flags (services/security_flags.cc) and install
+// it process-wide; MakeChannel and StartGrpcServer (services/server_support.h) use it, so the
+// coordinator's worker channels, the worker's coordinator channel and the CLI all follow it.
+// Without TLS, servers may bind loopback only unless `insecure` is set.
+//
+// Thread-safety: SetProcessSecurity once at start-up, before any channel or server exists;
+// everything else is safe from any thread.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/security_policy.h"
+
+namespace meshrun::services {
+
+struct SecurityConfig {
+  std::string tls_cert;  // PEM certificate chain of this process
+  std::string tls_key;   // PEM private key
+  std::string tls_ca;    // PEM cluster CA: peers must present certificates it signed
+  unsigned tls_refresh_seconds = 10;  // how often the certificate files are re-read
+  bool insecure = false;              // allow plaintext on a non-loopback address
+  std::string auth_tokens_file;       // servers: hashed bearer tokens (see TokenStore)
+  std::string token;                  // clients: bearer token sent on every call
+};
+
+bool TlsEnabled(const SecurityConfig& config);
+
+// Errors: INVALID_ARGUMENT naming the flag that is missing or unreadable.
+absl::Status ValidateSecurityConfig(const SecurityConfig& config, bool is_server);
+
+void SetProcessSecurity(SecurityConfig config);
+const SecurityConfig& ProcessSecurity();
+
+// "127.0.0.1:<port>" without TLS, "[::]:<port>" with it.
+std::string DefaultListenAddress(int port);
+
+// OK when `host` may be bound under `config`: anything with TLS; loopback in plaintext; other
+// addresses in plaintext only with `insecure` (then a warning is logged).
+// Errors: FAILED_PRECONDITION naming the address and the two ways out.
+absl::Status CheckPlaintextBind(const SecurityConfig& config, const std::string& flag,
+                                const std::string& host);
+
+// True when this process serves plaintext on a non-loopback address (set by CheckPlaintextBind).
+bool ServingInsecurely();
+void MarkServingInsecurely();
+
+// Server credentials: TLS (client certificates requested and verified when presented) with the
+// access policy, or insecure credentials without TLS. Errors: INVALID_ARGUMENT (bad tokens file).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityConfig& config);
+
+// Channel credentials: TLS verifying the server against the CA (no host-name check: cluster
+// members are addressed by IP as often as by name), the own certificate when given, and the
+// bearer token when given; insecure credentials without TLS.
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const SecurityConfig& config);
+
+// The caller's identity as the access policy established it (nullopt without TLS).
+std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context);
+
+// OK unless TLS is on and the caller is a worker whose certificate names another host.
+// Errors: PERMISSION_DENIED naming both host names.
+absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::string& host);
+
+}  // namespace meshrun::services

@@ -1,0 +1,299 @@
+// Access control on real servers over loopback: a coordinator and a worker with mutual TLS and
+// a tokens file, certificates made at test time by services/cert_authority. Every RPC of both
+// services (read from the proto descriptors, so new RPCs are covered) is called with every kind
+// of caller, and each cell must get the code the policy table says. Then the identity checks,
+// certificate rotation and token revocation.
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/telemetry.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+#include "services/cert_authority.h"
+#include "services/coordinator_server.h"
+#include "services/server_support.h"
+#include "services/tls_credentials.h"
+#include "services/worker_server.h"
+
+namespace meshrun::services {
+namespace {
+
+struct Caller {
+  std::string label;
+  SecurityConfig credentials;              // what the client presents
+  std::optional<Identity> identity;        // who the policy should see
+  grpc::StatusCode handshake_failure = grpc::StatusCode::OK;  // UNAVAILABLE: no connection
+};
+
+std::string Dir() {
+  static const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/security_test_", getpid());
+  return dir;
+}
+
+std::string Issue(const std::string& ca, const std::string& role, const std::string& name,
+                  int days = 30) {
+  auto id = IssueCertificate({.ca_dir = ca, .role = role, .name = name, .days = days});
+  EXPECT_TRUE(id.ok()) << id.status();
+  return name;
+}
+
+SecurityConfig CertCaller(const std::string& ca, const std::string& name,
+                          const std::string& trust) {
+  return {.tls_cert = ca + "/" + name + ".pem", .tls_key = ca + "/" + name + ".key",
+          .tls_ca = trust + "/ca.pem", .tls_refresh_seconds = 1};
+}
+
+grpc::Status Call(const SecurityConfig& credentials, int port, const std::string& method,
+                  const std::string& payload = "") {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                           MakeChannelCredentials(credentials), args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+  grpc::Slice slice(payload);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status status) { done.set_value(std::move(status)); });
+  return done.get_future().get();
+}
+
+std::vector<std::string> Methods(const std::string& service) {
+  const auto* descriptor =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  std::vector<std::string> methods;
+  for (int i = 0; i < descriptor->method_count(); ++i) {
+    methods.push_back(absl::StrCat("/", service, "/", descriptor->method(i)->name()));
+  }
+  return methods;
+}
+
+bool RefusedByPolicy(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         absl::StrContains(status.error_message(), "needs role");
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::filesystem::remove_all(Dir());
+    ca_ = Dir() + "/ca";
+    other_ca_ = Dir() + "/other-ca";
+    ASSERT_TRUE(CreateClusterCa(ca_, "test", 30).ok());
+    ASSERT_TRUE(CreateClusterCa(other_ca_, "test", 30).ok());
+    for (const auto& [role, name] : std::vector<std::pair<std::string, std::string>>{
+             {"coordinator", "coord"}, {"worker", "worker-a"}, {"admin", "alice"},
+             {"submit", "sam"}, {"view", "vic"}}) {
+      Issue(ca_, role, name);
+    }
+    Issue(ca_, "admin", "expired", -1);
+    Issue(other_ca_, "admin", "mallory");
+    tokens_file_ = Dir() + "/tokens";
+    std::ofstream tokens(tokens_file_);
+    for (const char* role : {"admin", "submit", "view"}) {
+      tokens << Sha256Hex(absl::StrCat("token-", role)) << " " << role << " " << role << "-bot\n";
+    }
+    tokens.close();
+    SecurityConfig server = CertCaller(ca_, "coord", ca_);
+    server.auth_tokens_file = tokens_file_;
+    SetProcessSecurity(server);
+    auto coordinator = CoordinatorServer::Start(
+        {.listen = "127.0.0.1:0", .state_dir = Dir() + "/coordinator-state", .pjrt_plugin = ""});
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = coordinator->release();
+    auto worker = WorkerServer::Start({.listen = "127.0.0.1:0",
+                                       .coordinator = absl::StrCat("127.0.0.1:", coordinator_->port()),
+                                       .identity = {.host = "worker-a"},
+                                       .state_dir = Dir() + "/worker-state"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = worker->release();
+  }
+  static void TearDownTestSuite() {
+    if (worker_ != nullptr) worker_->Drain(absl::Seconds(1));
+    if (coordinator_ != nullptr) coordinator_->Drain(absl::Seconds(1));
+    delete worker_;
+    delete coordinator_;
+    SetProcessSecurity({});
+  }
+
+  static std::vector<Caller> Callers() {
+    std::vector<Caller> callers;
+    callers.push_back({"plaintext", {}, std::nullopt, grpc::StatusCode::UNAVAILABLE});
+    callers.push_back({"tls, no certificate or token", {.tls_ca = ca_ + "/ca.pem"}, std::nullopt});
+    callers.push_back({"untrusted certificate", CertCaller(other_ca_, "mallory", ca_),
+                       std::nullopt, grpc::StatusCode::UNAVAILABLE});
+    callers.push_back({"expired certificate", CertCaller(ca_, "expired", ca_), std::nullopt,
+                       grpc::StatusCode::UNAVAILABLE});
+    callers.push_back({"unknown token", {.tls_ca = ca_ + "/ca.pem", .token = "nope"}, std::nullopt});
+    for (const auto& [role, name] : std::vector<std::pair<Role, std::string>>{
+             {Role::kCoordinator, "coord"}, {Role::kWorker, "worker-a"}, {Role::kAdmin, "alice"},
+             {Role::kSubmit, "sam"}, {Role::kView, "vic"}}) {
+      callers.push_back({absl::StrCat(RoleName(role), " certificate"), CertCaller(ca_, name, ca_),
+                         Identity{role, name, "certificate"}});
+    }
+    for (Role role : {Role::kAdmin, Role::kSubmit, Role::kView}) {
+      callers.push_back({absl::StrCat(RoleName(role), " token"),
+                         {.tls_ca = ca_ + "/ca.pem", .token = "token-" + RoleName(role)},
+                         Identity{role, RoleName(role) + "-bot", "token"}});
+    }
+    return callers;
+  }
+
+  static inline std::string ca_, other_ca_, tokens_file_;
+  static inline CoordinatorServer* coordinator_ = nullptr;
+  static inline WorkerServer* worker_ = nullptr;
+};
+
+TEST_F(SecurityTest, EveryRpcAgainstEveryCaller) {
+  std::vector<std::pair<std::string, int>> targets;
+  for (const std::string& m : Methods("meshrun.v1.Coordinator")) targets.push_back({m, coordinator_->port()});
+  for (const std::string& m : Methods("meshrun.v1.Worker")) targets.push_back({m, worker_->port()});
+  targets.push_back({"/grpc.health.v1.Health/Check", coordinator_->port()});
+  targets.push_back({"/grpc.health.v1.Health/Check", worker_->port()});
+  ASSERT_GE(targets.size(), 30u);
+  int cells = 0;
+  for (const Caller& caller : Callers()) {
+    for (const auto& [method, port] : targets) {
+      SCOPED_TRACE(absl::StrCat(caller.label, " -> ", method));
+      const grpc::Status status = Call(caller.credentials, port, method);
+      ++cells;
+      if (caller.handshake_failure != grpc::StatusCode::OK) {
+        EXPECT_EQ(status.error_code(), caller.handshake_failure) << status.error_message();
+        continue;
+      }
+      const absl::Status expected = Authorize(method, caller.identity);
+      if (expected.ok()) {
+        EXPECT_FALSE(RefusedByPolicy(status)) << status.error_message();
+        EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+      } else {
+        EXPECT_EQ(static_cast<int>(status.error_code()), static_cast<int>(expected.code()))
+            << status.error_message();
+        if (expected.code() == absl::StatusCode::kPermissionDenied) {
+          EXPECT_TRUE(absl::StrContains(status.error_message(),
+                                        "needs role " + RoleName(RequiredRole(method))))
+              << status.error_message();
+        }
+      }
+    }
+  }
+  EXPECT_GE(cells, 13 * 30);  // 13 kinds of caller, every RPC of both services
+}
+
+TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
+  v1::RegisterWorkerRequest request;
+  request.mutable_registration()->set_host("worker-b");
+  const grpc::Status as_b = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                                 "/meshrun.v1.Coordinator/RegisterWorker",
+                                 request.SerializeAsString());
+  EXPECT_EQ(as_b.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(as_b.error_message(), "names host \"worker-a\""))
+      << as_b.error_message();
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_host("worker-b");
+  EXPECT_EQ(Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                 "/meshrun.v1.Coordinator/Heartbeat", heartbeat.SerializeAsString())
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportJobProgressRequest progress;
+  progress.set_job_id("job-1");
+  progress.set_host("worker-b");
+  EXPECT_EQ(Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                 "/meshrun.v1.Coordinator/ReportJobProgress", progress.SerializeAsString())
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::HostSummary summary;
+  summary.set_job_id("job-1");
+  summary.set_host("worker-b");
+  const grpc::Status telemetry = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                                      "/meshrun.v1.Coordinator/UploadTelemetry",
+                                      summary.SerializeAsString());
+  EXPECT_EQ(telemetry.error_code(), grpc::StatusCode::PERMISSION_DENIED) << telemetry.error_message();
+  request.mutable_registration()->set_host("worker-a");  // its own name passes the check
+  const grpc::Status as_a = Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                                 "/meshrun.v1.Coordinator/RegisterWorker",
+                                 request.SerializeAsString());
+  EXPECT_NE(as_a.error_code(), grpc::StatusCode::PERMISSION_DENIED) << as_a.error_message();
+}
+
+TEST_F(SecurityTest, RevokedTokenStopsWorkingAfterReload) {
+  const SecurityConfig viewer{.tls_ca = ca_ + "/ca.pem", .token = "token-view"};
+  const std::string list = "/meshrun.v1.Coordinator/ListJobs";
+  ASSERT_TRUE(Call(viewer, coordinator_->port(), list).ok());
+  std::ofstream(tokens_file_) << Sha256Hex("token-admin") << " admin admin-bot\n";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // the file is rechecked each 1 s
+  EXPECT_EQ(Call(viewer, coordinator_->port(), list).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(Call({.tls_ca = ca_ + "/ca.pem", .token = "token-admin"}, coordinator_->port(), list)
+                  .ok());
+}
+
+// A coordinator whose certificate and CA files are replaced while it runs: new connections
+// use the new ones, with no restart.
+TEST(SecurityRotationTest, RotatedCertificatePickedUpWithoutRestart) {
+  const std::string dir = Dir() + "/rotation";
+  const std::string old_ca = dir + "/old", new_ca = dir + "/new", live = dir + "/live";
+  ASSERT_TRUE(CreateClusterCa(old_ca, "test", 30).ok());
+  ASSERT_TRUE(CreateClusterCa(new_ca, "test", 30).ok());
+  std::filesystem::create_directories(live);
+  for (const std::string& ca : {old_ca, new_ca}) {
+    Issue(ca, "coordinator", "coord");
+    Issue(ca, "admin", "alice");
+  }
+  const auto install = [&](const std::string& from) {
+    for (const char* file : {"coord.key", "coord.pem", "ca.pem"}) {
+      std::filesystem::copy_file(from + "/" + file, live + "/" + file + ".tmp",
+                                 std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::rename(live + "/" + file + ".tmp", live + "/" + file);
+    }
+  };
+  install(old_ca);
+  SetProcessSecurity({.tls_cert = live + "/coord.pem", .tls_key = live + "/coord.key",
+                      .tls_ca = live + "/ca.pem", .tls_refresh_seconds = 1});
+  auto coordinator = CoordinatorServer::Start(
+      {.listen = "127.0.0.1:0", .state_dir = dir + "/state", .pjrt_plugin = ""});
+  SetProcessSecurity({});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const int port = (*coordinator)->port();
+  const std::string list = "/meshrun.v1.Coordinator/ListJobs";
+  const SecurityConfig old_client = CertCaller(old_ca, "alice", old_ca);
+  const SecurityConfig new_client = CertCaller(new_ca, "alice", new_ca);
+  EXPECT_TRUE(Call(old_client, port, list).ok());
+  EXPECT_EQ(Call(new_client, port, list).error_code(), grpc::StatusCode::UNAVAILABLE);
+  install(new_ca);
+  grpc::Status status;
+  for (int i = 0; i < 40 && !(status = Call(new_client, port, list)).ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Call(old_client, port, list).error_code(), grpc::StatusCode::UNAVAILABLE);
+  (*coordinator)->Drain(absl::Seconds(1));
+}
+
+TEST(SecurityBindTest, PlaintextNonLoopbackNeedsInsecure) {
+  EXPECT_TRUE(CheckPlaintextBind({}, "listen", "127.0.0.1").ok());
+  EXPECT_TRUE(CheckPlaintextBind({}, "listen", "::1").ok());
+  absl::Status refused = CheckPlaintextBind({}, "listen", "::");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "--insecure")) << refused;
+  EXPECT_TRUE(CheckPlaintextBind({.tls_ca = "x"}, "listen", "0.0.0.0").ok());
+  EXPECT_FALSE(ServingInsecurely());
+  EXPECT_TRUE(CheckPlaintextBind({.insecure = true}, "listen", "0.0.0.0").ok());
+  EXPECT_TRUE(ServingInsecurely());
+}
+
+}  // namespace
+}  // namespace meshrun::services
