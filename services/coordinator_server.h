@@ -107,6 +107,9 @@ class CoordinatorServer {
     // HTTP (Prometheus /metrics, the web dashboard and its JSON/SSE API); empty: no HTTP port.
     std::string http_listen;
     std::string web_root;  // the dashboard's built assets (index.html); empty: API only
+    // A running job none of whose hosts completed a step for this long is failed, naming the
+    // host that stopped first (docs/liveness.md); zero: off.
+    absl::Duration hang_timeout = absl::ZeroDuration();
     Clock* clock = &RealClock();
   };
 
@@ -142,6 +145,7 @@ class CoordinatorServer {
   std::unique_ptr<coordinator::ExecutableCache> cache_;
   std::unique_ptr<runtime::Runtime> runtime_;
   std::unique_ptr<CoordinatorTelemetry> telemetry_;
+  std::unique_ptr<coordinator::ProgressMonitor> progress_;  // outlives launcher_
   std::unique_ptr<JobLauncher> launcher_;
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;
