@@ -2,6 +2,9 @@
 # Detection time of a dead and of a hung host against the configured bounds (docs/liveness.md),
 # through the real binaries on loopback: transformer_lm/dp4x2 on two workers of 4 CPU devices.
 #   dead: host-b killed (-9) mid-job, coordinator --heartbeat_timeout=2s; bound 2 x timeout.
+#         (Its sockets close, so host-a's all-reduce usually fails first and names host-b in
+#         well under a second; a partition, where only heartbeats tell, is measured by
+#         tests/netns/netns_cluster_test.sh: 3-4 s against 8 s.)
 #   hung: host-b SIGSTOPped mid-job, --hang_timeout=4s (heartbeat timeout 60s, so only the
 #         progress check can see it); bound 1.5 x hang timeout.
 # Prints each detection time and bound, then `ratio dead_detect_vs_bound <bound / worst
