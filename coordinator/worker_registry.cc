@@ -83,6 +83,13 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& host, const std::strin
   return absl::OkStatus();
 }
 
+absl::Status WorkerRegistry::CheckCurrent(const std::string& host,
+                                          const std::string& incarnation) {
+  absl::MutexLock lock(&mu_);
+  ExpireOverdueLocked();
+  return FindCurrent(host, incarnation).status();
+}
+
 absl::Status WorkerRegistry::AddExecutable(const std::string& host,
                                            const std::string& incarnation,
                                            const std::string& fingerprint) {

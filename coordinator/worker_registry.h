@@ -68,6 +68,9 @@ class WorkerRegistry {
   // the host's current one, or was declared DEAD or LEFT: register a fresh incarnation).
   absl::Status Heartbeat(const std::string& host, const std::string& incarnation);
 
+  // OK when `incarnation` is the host's current, ALIVE one. Errors: as Heartbeat.
+  absl::Status CheckCurrent(const std::string& host, const std::string& incarnation);
+
   // Records that the worker now holds executable `fingerprint`. Errors: as Heartbeat.
   absl::Status AddExecutable(const std::string& host, const std::string& incarnation,
                              const std::string& fingerprint);

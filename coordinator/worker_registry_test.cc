@@ -92,3 +92,26 @@ TEST_F(WorkerRegistryTest, DeregisteredWorkerIsLeftNotDead) {
 
 }  // namespace
 }  // namespace meshrun::coordinator
+
+namespace meshrun::coordinator {
+namespace {
+
+// multihost: the fence telemetry uses (CoordinatorTelemetry's admit).
+TEST(WorkerRegistryFenceTest, OnlyTheCurrentAliveIncarnationPasses) {
+  FakeClock clock;
+  auto registry = WorkerRegistry::Create({.heartbeat_timeout = absl::Seconds(10), .clock = &clock});
+  ASSERT_TRUE(registry.ok());
+  WorkerInfo a{.host = "a", .address = "a:1", .incarnation = "a1"};
+  ASSERT_TRUE((*registry)->Register(a).ok());
+  EXPECT_TRUE((*registry)->CheckCurrent("a", "a1").ok());
+  EXPECT_EQ((*registry)->CheckCurrent("b", "b1").code(), absl::StatusCode::kNotFound);
+  clock.Advance(absl::Seconds(11));  // partitioned: declared DEAD
+  EXPECT_EQ((*registry)->CheckCurrent("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
+  a.incarnation = "a2";  // healed: registers afresh; the old incarnation stays fenced
+  ASSERT_TRUE((*registry)->Register(a).ok());
+  EXPECT_TRUE((*registry)->CheckCurrent("a", "a2").ok());
+  EXPECT_EQ((*registry)->CheckCurrent("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator

@@ -46,4 +46,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
 else
   echo "setup: web/node_modules present"
 fi
+# multihost (issue 18): the Go modules of the GKE manifest check (deploy/gke/check, go.sum
+# committed), fetched once so its test runs offline. Needs Go >= 1.22 (Debian 12's golang-go
+# is 1.19): uses `go` on PATH or /usr/local/go; without one the deploy_manifests_test skips.
+go_bin="$(command -v go || true)"
+if [ -z "$go_bin" ] && [ -x /usr/local/go/bin/go ]; then go_bin=/usr/local/go/bin/go; fi
+if [ -n "$go_bin" ] && "$go_bin" version | grep -Eq 'go1\.(2[2-9]|[3-9][0-9])'; then
+  (cd "$root/deploy/gke/check" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go_bin" mod download)
+  echo "setup: Go modules of deploy/gke/check present"
+else
+  echo "setup: no Go >= 1.22; deploy_manifests_test will be skipped"
+fi
 echo "setup: done"

@@ -19,6 +19,10 @@ ABSL_FLAG(std::string, state_dir, "",
           "$XDG_STATE_HOME/meshrun/coordinator or ~/.local/state/meshrun/coordinator");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
           "a worker silent for this long is DEAD; workers heartbeat every half of it");
+ABSL_FLAG(absl::Duration, hang_timeout, absl::ZeroDuration(),
+          "a running job none of whose hosts completed a step for this long FAILS, naming the "
+          "host that stopped first; also bounds the host replicas' all-reduce; 0: off (the "
+          "all-reduce waits up to 60s)");
 ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
           "PJRT plugin the coordinator compiles with (the workers' plugin); empty: no compiling");
 ABSL_FLAG(std::string, http_listen, "",
@@ -26,7 +30,7 @@ ABSL_FLAG(std::string, http_listen, "",
           "127.0.0.1:7080; port 0 picks a free port, logged); empty: no HTTP");
 ABSL_FLAG(std::string, web_root, "",
           "folder of the dashboard's built assets; default: web/ next to the binary's folder "
-          "(build/web in a checkout)");
+          "(build/web in a checkout), else share/meshrun/web there (an install)");
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: devices of the compiling client");
 ABSL_FLAG(absl::Duration, restart_wait, absl::Seconds(60),
           "automatic recovery: how long a job restarting from its checkpoint waits for enough "
@@ -50,7 +54,13 @@ int main(int argc, char** argv) {
   if (web_root.empty()) {
     std::error_code error;
     const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
-    if (!error) web_root = (exe.parent_path().parent_path() / "web").string();
+    // A build tree keeps the assets in <build>/web; an install in <prefix>/share/meshrun/web.
+    const std::filesystem::path prefix = exe.parent_path().parent_path();
+    if (!error) web_root = (prefix / "web").string();
+    if (!error && !std::filesystem::exists(prefix / "web" / "index.html") &&
+        std::filesystem::exists(prefix / "share" / "meshrun" / "web" / "index.html")) {
+      web_root = (prefix / "share" / "meshrun" / "web").string();
+    }
   }
   auto server = meshrun::services::CoordinatorServer::Start(
       {.listen = absl::GetFlag(FLAGS_listen).empty()
@@ -62,7 +72,8 @@ int main(int argc, char** argv) {
        .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
        .http_listen = absl::GetFlag(FLAGS_http_listen),
        .web_root = web_root,
-       .restart_wait = absl::GetFlag(FLAGS_restart_wait)});
+       .restart_wait = absl::GetFlag(FLAGS_restart_wait),
+       .hang_timeout = absl::GetFlag(FLAGS_hang_timeout)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

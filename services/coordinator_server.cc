@@ -45,8 +45,12 @@ absl::Status CoordinatorRpcHandler::RegisterWorker(const v1::RegisterWorkerReque
   spdlog::info("worker {} registered (incarnation {}, address {}, runtime {}, {} devices)",
                info.host, info.incarnation, info.address, runtime::ToString(info.runtime),
                info.devices.size());
-  response->set_heartbeat_interval_millis(
-      absl::ToInt64Milliseconds(registry_->heartbeat_interval()));
+  // Heartbeats carry job progress: with hang detection on, 4 reports per hang timeout.
+  absl::Duration interval = registry_->heartbeat_interval();
+  if (launcher_->hang_timeout() > absl::ZeroDuration()) {
+    interval = std::min(interval, launcher_->hang_timeout() / 4);
+  }
+  response->set_heartbeat_interval_millis(absl::ToInt64Milliseconds(interval));
   response->set_heartbeat_timeout_millis(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
   return absl::OkStatus();
 }
@@ -54,7 +58,12 @@ absl::Status CoordinatorRpcHandler::RegisterWorker(const v1::RegisterWorkerReque
 absl::Status CoordinatorRpcHandler::Heartbeat(const v1::HeartbeatRequest& request,
                                               v1::HeartbeatResponse*) {
   if (request.host().empty()) return absl::InvalidArgumentError("host is empty");
-  return registry_->Heartbeat(request.host(), request.incarnation());
+  RETURN_IF_ERROR(registry_->Heartbeat(request.host(), request.incarnation()));
+  if (!request.job_id().empty()) {
+    launcher_->ReportProgress(request.host(), request.job_id(), request.last_completed_step(),
+                              request.phase());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CoordinatorRpcHandler::DeregisterWorker(const v1::DeregisterWorkerRequest& request,
@@ -128,12 +137,24 @@ absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
   ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
   *response = WithoutPrograms(std::move(job));
+  if (telemetry_ != nullptr) {
+    for (const std::string& host : telemetry_->Stragglers(request.job_id())) {
+      response->add_straggler_hosts(host);
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
                                              v1::ListJobsResponse* response) {
-  for (v1::JobManifest& job : jobs_->List()) *response->add_jobs() = WithoutPrograms(job);
+  for (v1::JobManifest& job : jobs_->List()) {
+    v1::JobManifest* listed = response->add_jobs();
+    *listed = WithoutPrograms(job);
+    if (telemetry_ == nullptr) continue;
+    for (const std::string& host : telemetry_->Stragglers(job.job_id())) {
+      listed->add_straggler_hosts(host);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -597,7 +618,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   }
   ASSIGN_OR_RETURN(server->telemetry_,
                    CoordinatorTelemetry::Create({.database = config.state_dir + "/telemetry.db",
-                                                 .grace = config.telemetry_grace}));
+                                                 .grace = config.telemetry_grace,
+                                                 .admit = [r = server->registry_.get()](
+                                                     const std::string& host,
+                                                     const std::string& incarnation) {
+                                                   // Fenced: DEAD or replaced. Unknown hosts
+                                                   // (after a restart) are not.
+                                                   absl::Status s = r->CheckCurrent(host, incarnation);
+                                                   return absl::IsNotFound(s) ? absl::OkStatus() : s;
+                                                 }}));
   // Job ids continue past those the history knows, so a restart never reuses one.
   int64_t first_id = 1;
   ASSIGN_OR_RETURN(std::vector<std::string> known, server->telemetry_->KnownJobs());
@@ -643,6 +672,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                  absl::FormatDuration(2 * config.heartbeat_timeout));
   }
   server->clock_ = config.clock;
+  ASSIGN_OR_RETURN(server->progress_,
+                   coordinator::ProgressMonitor::Create(
+                       {.hang_timeout = config.hang_timeout, .clock = config.clock}));
   server->restored_check_at_ = config.clock->Now() + 2 * config.heartbeat_timeout;
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
@@ -650,6 +682,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                           .cache = server->cache_.get(),
                           .runtime = server->runtime_.get(),
                           .telemetry = server->telemetry_.get(),
+                          .progress = server->progress_.get(),
                           .restart_wait = config.restart_wait});
   server->handler_ = std::make_unique<CoordinatorRpcHandler>(
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
@@ -676,13 +709,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
 }
 
 void CoordinatorServer::SweepLiveness() {
-  const absl::Duration period = registry_->heartbeat_timeout() / 4;
+  absl::Duration period = registry_->heartbeat_timeout() / 4;
+  if (progress_->hang_timeout() > absl::ZeroDuration()) {
+    period = std::min(period, progress_->hang_timeout() / 4);
+  }
   while (!stop_sweeper_.WaitForNotificationWithTimeout(period)) {
     for (const coordinator::WorkerEntry& dead : registry_->ExpireOverdue()) {
       spdlog::warn("worker {} (incarnation {}) is DEAD: {}", dead.info.host,
                    dead.info.incarnation, dead.state_reason);
       launcher_->OnWorkerDead(dead);
     }
+    launcher_->FailHungJobs();
     CheckRestoredJobs();
   }
 }

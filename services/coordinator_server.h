@@ -117,6 +117,9 @@ class CoordinatorServer {
     std::string web_root;  // the dashboard's built assets (index.html); empty: API only
     // Automatic recovery: how long a restarted job waits for enough healthy hosts.
     absl::Duration restart_wait = absl::Seconds(60);
+    // A running job none of whose hosts completed a step for this long is failed, naming the
+    // host that stopped first (docs/liveness.md); zero: off.
+    absl::Duration hang_timeout = absl::ZeroDuration();
     Clock* clock = &RealClock();
   };
 
@@ -152,6 +155,7 @@ class CoordinatorServer {
   std::unique_ptr<coordinator::ExecutableCache> cache_;
   std::unique_ptr<runtime::Runtime> runtime_;
   std::unique_ptr<CoordinatorTelemetry> telemetry_;
+  std::unique_ptr<coordinator::ProgressMonitor> progress_;  // outlives launcher_
   std::unique_ptr<JobLauncher> launcher_;
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
@@ -13,6 +14,8 @@ namespace meshrun::services {
 absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Create(
     Config config) {
   std::unique_ptr<CoordinatorTelemetry> t(new CoordinatorTelemetry());
+  t->admit_ = std::move(config.admit);
+  ASSIGN_OR_RETURN(t->stragglers_, coordinator::StragglerDetector::Create({}));
   ASSIGN_OR_RETURN(t->history_, telemetry::HistoryStore::Create({.path = config.database}));
   ASSIGN_OR_RETURN(t->hub_, telemetry::WatchHub::Create({.history = t->history_.get(),
                                                          .watcher_capacity =
@@ -70,6 +73,9 @@ v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
 absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
   const v1::JobManifest setup = CollectionSetup(job);
   RETURN_IF_ERROR(StartCombining(setup, 0));
+  std::vector<std::string> hosts;
+  for (const auto& [host, incarnation] : job.host_incarnations()) hosts.push_back(host);
+  stragglers_->StartJob(job.job_id(), hosts);
   return history_->SetCollecting(job.job_id(), setup.SerializeAsString());
 }
 
@@ -136,6 +142,7 @@ absl::Status CoordinatorTelemetry::ResumeJob(const std::string& job_id, const st
 
 void CoordinatorTelemetry::EndJob(const std::string& job_id) {
   combiner_->FinishJob(job_id).IgnoreError();  // NOT_FOUND: never started collecting
+  stragglers_->EndJob(job_id);
   hub_->EndJob(job_id).IgnoreError();
   if (absl::Status s = history_->ClearCollecting(job_id); !s.ok()) {
     spdlog::warn("telemetry of job {}: {}", job_id, s.ToString());
@@ -164,8 +171,18 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
 }
 
 absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {
+  if (admit_ && !summary.incarnation().empty()) {
+    RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
+  }
   ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome, combiner_->Add(summary));
   (void)outcome;  // duplicates and late summaries are acknowledged too: resending is useless
+  const double seconds =
+      summary.compute_seconds() > 0 ? summary.compute_seconds() : summary.step_time_seconds();
+  if (stragglers_->Observe(summary.job_id(), summary.host(), summary.step(), seconds)) {
+    const std::vector<std::string> flagged = stragglers_->Flagged(summary.job_id());
+    spdlog::warn("job {}: stragglers at step {}: [{}]", summary.job_id(), summary.step(),
+                 absl::StrJoin(flagged, ", "));
+  }
   return history_->AppendHost(summary);
 }
 

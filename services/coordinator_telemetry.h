@@ -14,6 +14,7 @@
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -25,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "coordinator/straggler_detector.h"
 #include "meshrun/v1/job.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
 #include "telemetry/history_store.h"
@@ -39,6 +41,9 @@ class CoordinatorTelemetry {
     std::string database;                      // SQLite file of the telemetry history
     absl::Duration grace = absl::Seconds(5);   // wait for missing hosts before "partial"
     size_t watcher_capacity = 1024;            // summaries queued per watcher
+    // When set, Accept refuses a summary carrying an incarnation for which this returns an
+    // error (the registry's fence: DEAD or replaced incarnations), with that error.
+    std::function<absl::Status(const std::string& host, const std::string& incarnation)> admit;
   };
 
   // Errors: those of HistoryStore::Create (the database path named).
@@ -65,8 +70,14 @@ class CoordinatorTelemetry {
   absl::StatusOr<std::vector<std::string>> KnownJobs() const;
 
   // Validates, combines and commits one host summary; returns the host's persisted step.
-  // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's.
+  // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's,
+  // Config::admit's (a fenced incarnation).
   absl::StatusOr<int64_t> Accept(const v1::HostSummary& summary);
+
+  // Hosts of a collecting job that the straggler detector flags now (sorted; docs/liveness.md).
+  std::vector<std::string> Stragglers(const std::string& job_id) {
+    return stragglers_->Flagged(job_id);
+  }
 
   telemetry::WatchHub& hub() { return *hub_; }
   telemetry::HistoryStore& history() { return *history_; }
@@ -79,9 +90,11 @@ class CoordinatorTelemetry {
   absl::Status Resume();
   absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
 
+  std::function<absl::Status(const std::string&, const std::string&)> admit_;
   std::unique_ptr<telemetry::HistoryStore> history_;
   std::unique_ptr<telemetry::WatchHub> hub_;
   std::unique_ptr<telemetry::StepCombiner> combiner_;
+  std::unique_ptr<coordinator::StragglerDetector> stragglers_;
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
   absl::Notification stop_;

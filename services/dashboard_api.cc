@@ -234,6 +234,8 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
                               "Time spent compiling the job's programs."));
   RETURN_IF_ERROR(out.Declare("meshrun_job_executable_sent_bytes", MetricType::kGauge,
                               "Executable bytes streamed to the job's workers."));
+  RETURN_IF_ERROR(out.Declare("meshrun_host_straggler", MetricType::kGauge,
+                              "1 for each host the straggler detector flags in a running job."));
   for (const v1::JobManifest& job : jobs.jobs()) {
     const std::string& id = job.job_id();
     RETURN_IF_ERROR(out.Add("meshrun_job_state",
@@ -244,6 +246,9 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
     RETURN_IF_ERROR(out.Add("meshrun_job_compile_seconds", {{"job", id}}, job.compile_seconds()));
     RETURN_IF_ERROR(out.Add("meshrun_job_executable_sent_bytes", {{"job", id}},
                             job.executable_bytes_sent()));
+    for (const std::string& host : job.straggler_hosts()) {
+      RETURN_IF_ERROR(out.Add("meshrun_host_straggler", {{"job_id", id}, {"host", host}}, 1));
+    }
   }
 
   // Workers, from the registry.

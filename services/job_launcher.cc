@@ -217,10 +217,19 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
                                             : config_.telemetry->StartJob(job));
   }
+  if (config_.progress != nullptr) {
+    std::vector<std::string> names;
+    for (const WorkerInfo& host : hosts) names.push_back(host.host);
+    config_.progress->StartJob(job_id, names);
+  }
   for (const WorkerInfo& host : hosts) {
     v1::StartJobRequest request;
     request.set_job_id(job_id);
     *request.mutable_manifest() = job;
+    if (config_.progress != nullptr) {
+      request.set_hang_timeout_millis(
+          absl::ToInt64Milliseconds(config_.progress->hang_timeout()));
+    }
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
     absl::Status started =
@@ -446,8 +455,21 @@ absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& hos
   return absl::OkStatus();
 }
 
+void JobLauncher::ReportProgress(const std::string& host, const std::string& job_id,
+                                 int64_t step, const std::string& phase) {
+  if (config_.progress != nullptr) config_.progress->Report(host, job_id, step, phase);
+}
+
+void JobLauncher::FailHungJobs() {
+  if (config_.progress == nullptr) return;
+  for (const coordinator::ProgressMonitor::Hang& hang : config_.progress->Overdue()) {
+    Fail(hang.job_id, hang.host, absl::StrCat("job hung: ", hang.error)).IgnoreError();
+  }
+}
+
 void JobLauncher::Finished(const std::string& job_id) {
   if (config_.telemetry != nullptr) config_.telemetry->EndJob(job_id);
+  if (config_.progress != nullptr) config_.progress->EndJob(job_id);
   absl::MutexLock lock(&mu_);
   succeeded_hosts_.erase(job_id);
   failed_member_.erase(job_id);

@@ -34,6 +34,7 @@
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
 #include "coordinator/mesh_planner.h"
+#include "coordinator/progress_monitor.h"
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -50,6 +51,7 @@ class JobLauncher {
     coordinator::ExecutableCache* cache = nullptr;
     runtime::Runtime* runtime = nullptr;  // compiles; null: this coordinator cannot compile
     CoordinatorTelemetry* telemetry = nullptr;  // collects the jobs' summaries; may be null
+    coordinator::ProgressMonitor* progress = nullptr;  // hang detection; may be null
     absl::Duration rpc_timeout = absl::Seconds(60);
     size_t chunk_bytes = 1 << 20;         // executable transfer chunk, at most 1 MiB
     absl::Duration restart_wait = absl::Seconds(60);  // a restart waits this long for hosts
@@ -57,6 +59,16 @@ class JobLauncher {
 
   explicit JobLauncher(Config config);
   ~JobLauncher();
+
+  // A worker's progress, from its heartbeat, for hang detection (Config::progress).
+  void ReportProgress(const std::string& host, const std::string& job_id, int64_t step,
+                      const std::string& phase);
+  // Fails every job Config::progress finds hung, naming the host that stopped first.
+  void FailHungJobs();
+  // Config::progress's hang timeout; zero when hang detection is off.
+  absl::Duration hang_timeout() const {
+    return config_.progress != nullptr ? config_.progress->hang_timeout() : absl::ZeroDuration();
+  }
 
   // Starts launching a PENDING job in the background.
   void Launch(const std::string& job_id);

@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "services/binary_setup.h"
+#include "services/gce_metadata.h"
 #include "services/server_support.h"
 #include "services/tls_credentials.h"
 #include "services/worker_server.h"
@@ -20,6 +21,10 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordina
 ABSL_FLAG(std::string, host, "",
           "this worker's host name; default TPU_WORKER_HOSTNAMES[TPU_WORKER_ID] or the "
           "machine's host name");
+ABSL_FLAG(std::string, tpu_metadata, "auto",
+          "where TPU variables absent from the environment come from: \"auto\" (the GCE "
+          "metadata server, $GCE_METADATA_IP or metadata.google.internal, when the plugin is "
+          "libtpu and TPU_WORKER_ID is unset), \"off\", or a metadata server HOST:PORT");
 ABSL_FLAG(int, worker_index, 0, "index of this host in its slice (TPU_WORKER_ID wins)");
 ABSL_FLAG(int, slice_id, 0, "slice of this host (MEGASCALE_SLICE_ID wins)");
 ABSL_FLAG(int, num_slices, 1, "number of slices (MEGASCALE_NUM_SLICES wins)");
@@ -31,6 +36,23 @@ ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: number of CPU devices");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight work may take before it is cancelled");
+
+// The process environment, with the TPU variables it lacks from the GCE metadata server
+// (services/gce_metadata.h) as --tpu_metadata says.
+meshrun::worker::EnvLookup TpuEnvironment() {
+  meshrun::worker::EnvLookup env = meshrun::worker::ProcessEnvironment();
+  std::string address = absl::GetFlag(FLAGS_tpu_metadata);
+  if (address == "off") return env;
+  if (address == "auto") {
+    if (env("TPU_WORKER_ID").has_value() ||
+        absl::GetFlag(FLAGS_pjrt_plugin).find("libtpu") == std::string::npos) {
+      return env;
+    }
+    address = env("GCE_METADATA_IP").value_or("metadata.google.internal");
+  }
+  return meshrun::services::WithTpuMetadata(
+      env, meshrun::services::GceMetadataFetch(address, absl::Seconds(5)));
+}
 
 int main(int argc, char** argv) {
   using meshrun::services::ExitWithError;
@@ -47,7 +69,7 @@ int main(int argc, char** argv) {
        .slice_id = absl::GetFlag(FLAGS_slice_id),
        .num_slices = absl::GetFlag(FLAGS_num_slices),
        .worker_index = absl::GetFlag(FLAGS_worker_index)},
-      meshrun::worker::ProcessEnvironment());
+      TpuEnvironment());
   if (!identity.ok()) ExitWithError(std::string(identity.status().message()), 2);
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) {

@@ -14,6 +14,7 @@
 #include "common/protocol.h"
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
+#include "coordinator/progress_monitor.h"
 #include "services/server_support.h"
 #include "services/worker_checkpoints.h"
 #include "services/coordinator_kv_client.h"
@@ -319,6 +320,14 @@ absl::Status WorkerServer::Heartbeat() {
   v1::HeartbeatRequest request;
   request.set_host(config_.identity.host);
   request.set_incarnation(incarnation());
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ != nullptr && !job_->loop->result().has_value()) {  // progress, for hang detection
+      request.set_job_id(job_->job_id);
+      request.set_last_completed_step(job_->loop->last_completed_step());
+      request.set_phase(in_allreduce_ ? coordinator::kPhaseGradientAllReduce : "compute");
+    }
+  }
   v1::HeartbeatResponse response;
   auto context = ContextWithTimeout(config_.rpc_timeout);
   return FromGrpcStatus(coordinator_->Heartbeat(context.get(), request, &response));
@@ -353,6 +362,15 @@ void WorkerServer::RegistrationLoop() {
       }
     } else {
       absl::Status status = Heartbeat();
+      if (absl::IsFailedPrecondition(status)) {
+        // Declared dead (fenced): whatever this incarnation ran is no longer ours to finish.
+        // (NOT_FOUND is a restarted coordinator, which resumes the running job: keep it.)
+        absl::MutexLock lock(&job_mu_);
+        if (job_ != nullptr && !job_->loop->result().has_value()) {
+          spdlog::warn("declared dead by the coordinator; stopping job {}", job_->job_id);
+          job_->loop->Cancel();
+        }
+      }
       if (absl::IsNotFound(status)) {
         spdlog::warn("coordinator forgot this worker ({}); registering again", status.ToString());
         registered_ = false;
@@ -672,10 +690,25 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                        .store = kv_client_,
                        .prefix = absl::StrCat("collectives/", manifest.job_id()),
                        .bind_address = advertised.host,
+                       // Twice the job's hang timeout: the coordinator's diagnosis (which
+                       // names the host that stopped) comes first, this is the backstop.
+                       .timeout = request.hang_timeout_millis() > 0
+                                      ? absl::Milliseconds(2 * request.hang_timeout_millis())
+                                      : absl::Seconds(60),
                        .peer_names = {manifest.mesh().replica_hosts().begin(),
                                       manifest.mesh().replica_hosts().end()}},
          .replicated_across_devices = replicated,
          .metrics = &metrics_});
+    // The heartbeat reports this phase, so a hang names where this host waits.
+    reduce_gradients = [this, reduce = std::move(reduce_gradients)](auto& grad_acc) {
+      in_allreduce_ = true;
+      // Only gloo's part waits for peers (the device transfers wait for this host's compute).
+      const double before = metrics_.Get(worker::kAllReduceTime).total;
+      absl::Status status = reduce(grad_acc);
+      allreduce_seconds_ = metrics_.Get(worker::kAllReduceTime).total - before;
+      in_allreduce_ = false;
+      return status;
+    };
   }
   const std::string job_id = manifest.job_id();
   worker::StepLoop::Config loop_config{
@@ -687,7 +720,16 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
       .reduce_gradients = std::move(reduce_gradients),
       .spec = std::move(run),
       .batches = std::move(batches),
-      .sink = [this](worker::HostStepSummary summary) { uploader_->Enqueue(ToProto(summary)); },
+      .sink = [this, incarnation = incarnation(),
+               replicated = replica.count > 1](worker::HostStepSummary summary) {
+        v1::HostSummary proto = ToProto(summary);
+        proto.set_incarnation(incarnation);  // refused once this incarnation is fenced
+        if (replicated) {  // replicas in lockstep: what differs is the time not waiting
+          proto.set_compute_seconds(
+              std::max(1e-9, proto.step_time_seconds() - allreduce_seconds_.load()));
+        }
+        uploader_->Enqueue(std::move(proto));
+      },
       .metrics = &metrics_};
   ASSIGN_OR_RETURN(std::shared_ptr<worker::CheckpointSaver> saver,
                    ConfigureCheckpoints({.manifest = &manifest,

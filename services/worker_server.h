@@ -115,6 +115,8 @@ class WorkerServer {
   std::string incarnation_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> registered_{false};
   std::atomic<int64_t> heartbeat_interval_millis_{1000};
+  std::atomic<bool> in_allreduce_{false};  // the job waits in the cross-host gradient average
+  std::atomic<double> allreduce_seconds_{0};  // the last gradient average's wait for peers
   absl::Notification stop_loop_;
   std::thread loop_;
   std::atomic<bool> drained_{false};

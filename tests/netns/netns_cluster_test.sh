@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The main job across network namespaces (docs/netns_cluster.md): a coordinator, two workers
+# of 4 CPU devices and the CLI, each in its own namespace with its own address on a private
+# bridge (10.213.0.0/24, tests/netns/netns_lib.sh). Workers advertise those addresses; gloo's
+# all-reduce runs between them over the bridge.
+#   1. transformer_lm/dp4x2 on token shards of real text, a few steps, across the namespaces;
+#   2. the coordinator cut off from every worker for 1 s mid-job: the workers keep stepping and
+#      buffer telemetry; after the heal every step's summary is there exactly once;
+#   3. host-b's link cut mid-job: within 2 heartbeat timeouts the job FAILS naming host-b;
+#      after the heal host-b's old incarnation is fenced (its job stopped) and it registers
+#      again as a fresh incarnation.
+# Usage: netns_cluster_test.sh <directory of the binaries> <source directory>
+# Exits 77 (skipped) without root / namespaces, the fortunes text or the project's Python.
+set -euo pipefail
+bin=$1
+src=$2
+lm="$src/examples/transformer_lm"
+source "$src/tests/cluster_lib.sh"
+source "$src/tests/netns/netns_lib.sh"
+netns_require
+fortune_shards
+heartbeat_timeout=4
+# The hang timeout bounds gloo's all-reduce (2 x 8 s): a fenced worker blocked in it stops soon.
+netns_cluster --heartbeat_timeout=${heartbeat_timeout}s --hang_timeout=8s
+for a in 10.213.0.11 10.213.0.12; do
+  grep -q "$a:" "$tmp/workers.txt" || fail "no worker advertises $a: $(cat "$tmp/workers.txt")"
+done
+# The range exists only inside the test's namespaces.
+ip -4 addr | grep -q "10\.213\.0\." && fail "10.213.0.0/24 leaked into the root namespace"
+
+# 1. The main job across the namespaces.
+cli submit "$lm/dp4x2/job.json" --steps=5 --cadence=1 --follow --wait=300s \
+  --data="$tmp/shards/*.tok" >"$tmp/main.txt" || fail "dp4x2 failed: $(cat "$tmp/main.txt")"
+grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/main.txt" || fail "dp4x2: $(cat "$tmp/main.txt")"
+for host in host-a host-b; do
+  grep -q "replica_hosts: \"$host\"" "$tmp/main.txt" || fail "$host is not a replica host"
+done
+echo "1. dp4x2 across namespaces: SUCCEEDED"
+
+# 2. The coordinator cut off from all workers for 1 s (less than the heartbeat timeout).
+steps=40
+job=$(cli submit "$lm/dp4x2/job.json" --steps=$steps --cadence=1 --data="$tmp/shards/*.tok")
+cli watch "$job" --since_step=1 >"$tmp/watch2.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch2.txt" "^ *5 " || fail "job 2 did not reach step 5"
+netns_link coord down
+sleep 1
+netns_link coord up
+for _ in $(seq 1500); do cli get "$job" | grep -q "state: JOB_STATE_SUCCEEDED\|state: JOB_STATE_FAILED" && break; sleep 0.2; done
+cli get "$job" >"$tmp/cut.txt"
+grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/cut.txt" || fail "job 2 after the coordinator cut: $(cat "$tmp/cut.txt")"
+cli export "$job" --format=csv --series=metrics.loss --out="$tmp/cut.csv" 2>/dev/null \
+  || fail "job 2: export failed"
+awk -F, -v steps=$steps 'FNR > 1 { n[$1]++ } END {
+  for (s = 1; s <= steps; s++) if (n[s] != 1) { printf "step %d: %d rows\n", s, n[s]; bad = 1 }
+  exit bad }' "$tmp/cut.csv" || fail "job 2: a step's summary missing or doubled: $(cat "$tmp/cut.csv")"
+echo "2. coordinator cut off for 1 s: all $steps steps' summaries present exactly once"
+
+# 3. host-b cut off mid-job.
+incarnations() { sed -n 's/.*registered with coordinator .* as incarnation \([^ ]*\).*/\1/p' "$tmp/host-b.log"; }
+old_incarnation=$(incarnations | tail -1)
+job=$(cli submit "$lm/dp4x2/job.json" --steps=1000000 --cadence=1 --data="$tmp/shards/*.tok")
+cli watch "$job" --since_step=1 >"$tmp/watch3.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch3.txt" "^ *5 " || fail "job 3 did not reach step 5"
+netns_link host-b down
+cut_at=$(date +%s.%N)
+for _ in $(seq 200); do cli get "$job" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
+failed_at=$(date +%s.%N)
+cli get "$job" >"$tmp/partition.txt"
+grep -q "state: JOB_STATE_FAILED" "$tmp/partition.txt" \
+  || fail "job 3 not FAILED 20 s after host-b's link went down: $(cat "$tmp/partition.txt")"
+grep -q "host-b" <(grep "failed_host\|error" "$tmp/partition.txt") \
+  || fail "the failure does not name host-b: $(grep "failed_host\|error" "$tmp/partition.txt")"
+elapsed=$(awk -v a="$cut_at" -v b="$failed_at" 'BEGIN { printf "%.1f", b - a }')
+awk -v e="$elapsed" -v t=$heartbeat_timeout 'BEGIN { exit !(e <= 2 * t) }' \
+  || fail "host-b declared dead after ${elapsed}s, more than 2 heartbeat timeouts"
+echo "3. host-b partitioned: FAILED after ${elapsed}s (bound $((2 * heartbeat_timeout))s): $(grep "^error" "$tmp/partition.txt")"
+netns_link host-b up
+# Fenced: host-b learns it was declared dead, stops the job and registers afresh.
+wait_for "$tmp/host-b.log" "declared dead by the coordinator; stopping job $job" \
+  || fail "host-b was not told it was declared dead"
+wait_for "$tmp/host-b.log" "job $job ended" || fail "host-b did not stop job $job after the heal"
+for _ in $(seq 100); do
+  cli workers >"$tmp/workers2.txt"
+  grep -q "host-b.*ALIVE" "$tmp/workers2.txt" && break; sleep 0.2
+done
+grep -q "host-b.*ALIVE" "$tmp/workers2.txt" || fail "host-b not ALIVE after the heal: $(cat "$tmp/workers2.txt")"
+new_incarnation=$(incarnations | tail -1)
+[ -n "$old_incarnation" ] && [ "$new_incarnation" != "$old_incarnation" ] \
+  || fail "host-b did not register a fresh incarnation ($old_incarnation -> $new_incarnation)"
+echo "   healed: host-b stopped job $job, registered again as $new_incarnation (was $old_incarnation)"
+echo "netns_cluster_test: all checks passed"
