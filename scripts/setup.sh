@@ -46,4 +46,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
 else
   echo "setup: web/node_modules present"
 fi
+# --- sdk (issue 17): the meshrun Python SDK (python/) in .venv, reinstalled when it changes.
+bash "$root/scripts/install_sdk.sh"
 echo "setup: done"

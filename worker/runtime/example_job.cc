@@ -199,12 +199,20 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
     job.batches.push_back(std::move(batch));
   }
 
-  ASSIGN_OR_RETURN(std::string reference_file, String(root, "reference"));
-  ASSIGN_OR_RETURN(Struct reference, ReadJson(dir + "/" + reference_file));
-  ASSIGN_OR_RETURN(job.reference_loss, Numbers<float>(reference, "loss"));
-  ASSIGN_OR_RETURN(job.reference_grad_norm, Numbers<float>(reference, "grad_norm"));
-  ASSIGN_OR_RETURN(std::string options_file, String(root, "compile_options_jax"));
-  ASSIGN_OR_RETURN(job.jax_compile_options, ReadFile(dir + "/" + options_file));
+  // Test fixtures, optional: a bundle needs only what a run needs (meshrun.export writes
+  // neither unless asked). When present they are read whole.
+  if (root.fields().contains("reference")) {
+    ASSIGN_OR_RETURN(std::string reference_file, String(root, "reference"));
+    ASSIGN_OR_RETURN(Struct reference, ReadJson(dir + "/" + reference_file));
+    ASSIGN_OR_RETURN(job.reference_loss, Numbers<float>(reference, "loss"));
+    if (reference.fields().contains("grad_norm")) {
+      ASSIGN_OR_RETURN(job.reference_grad_norm, Numbers<float>(reference, "grad_norm"));
+    }
+  }
+  if (root.fields().contains("compile_options_jax")) {
+    ASSIGN_OR_RETURN(std::string options_file, String(root, "compile_options_jax"));
+    ASSIGN_OR_RETURN(job.jax_compile_options, ReadFile(dir + "/" + options_file));
+  }
   return job;
 }
 
