@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <deque>
 #include <cstring>
@@ -28,7 +29,13 @@
 #include "telemetry/export.h"
 #include "worker/runtime/identity.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
+// $MESHRUN_COORDINATOR, when set, is the default address (as for the Python SDK's Client).
+static std::string DefaultCoordinator() {
+  const char* env = std::getenv("MESHRUN_COORDINATOR");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
+ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
+          "HOST:PORT of the coordinator (default $MESHRUN_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
 ABSL_FLAG(int, expect, 0,
           "workers: wait (up to --wait) until at least this many workers are ALIVE");
@@ -457,7 +464,7 @@ int main(int argc, char** argv) {
   if (command == "metrics") return Metrics(args);
   if (command == "memory") return Memory(args);
   if (command == "version") {
-    std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
+    std::printf("meshrun %s, protocol %u..%u\n", MESHRUN_VERSION, meshrun::kProtocolMinVersion,
                 meshrun::kProtocolMaxVersion);
     return 0;
   }

@@ -31,7 +31,9 @@ def _wait_for(path, pattern, timeout=30.0):
 
 
 class Cluster:
-    def __init__(self, tmp, workers=1):
+    # One worker per device count the tests' meshes need (a mesh spans all of a host's
+    # devices): the conv net's 2 x 2, and the examples' dp1 LM.
+    def __init__(self, tmp, devices=(4, 1)):
         self.tmp = tmp
         self.procs = []
         log = os.path.join(tmp, "coordinator.log")
@@ -40,13 +42,13 @@ class Cluster:
         port = _wait_for(log, r"listening on port (\d+)").group(1)
         self.address = f"127.0.0.1:{port}"
         self.worker_logs = []
-        for w in range(workers):
+        for w, n in enumerate(devices):
             wlog = os.path.join(tmp, f"worker-{w}.log")
             self.worker_logs.append(wlog)
             self.worker_pids = self._start(
                 [_bin("meshrun-worker"), "--listen=127.0.0.1:0", f"--coordinator={self.address}",
                  f"--host=worker-{w}", f"--worker_index={w}", f"--state_dir={tmp}/worker-{w}",
-                 "--cpu_devices=4"],  # the tests' meshes are 2 x 2
+                 f"--cpu_devices={n}"],
                 wlog)
 
     def _start(self, argv, log):
@@ -77,7 +79,7 @@ def cluster():
     import meshrun
     client = meshrun.Client(c.address, timeout=10)
     deadline = time.monotonic() + 60
-    while not client.workers():
+    while len(client.workers()) < 2:
         if time.monotonic() > deadline:
             raise TimeoutError("worker did not register:\n" + c.logs())
         time.sleep(0.2)

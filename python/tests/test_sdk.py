@@ -89,4 +89,16 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
     assert [r["value"] for r in rows] == pytest.approx(got, rel=1e-6)
     worker_metrics = client.metrics()
-    assert list(worker_metrics) == ["worker-0"]
+    assert "worker-0" in worker_metrics
+
+
+def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
+    import subprocess
+    from conftest import _bin
+    env = dict(os.environ, MESHRUN_COORDINATOR=cluster.address)
+    result = subprocess.run([_bin("meshrun"), "workers"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and "worker-0" in result.stdout, result
+    monkeypatch.setenv("MESHRUN_COORDINATOR", cluster.address)
+    with meshrun.Client(timeout=10) as client:
+        assert client.address == cluster.address and len(client.workers()) == 2
