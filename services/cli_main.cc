@@ -80,7 +80,10 @@ constexpr char kUsage[] =
     "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
-    "  version              print this build's version and protocol range\n";
+    "  version              print this build's version and protocol range\n\n"
+    "exit codes: 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator unreachable,\n"
+    "4 the job ended FAILED or CANCELLED (submit --follow), 5 still running after --wait\n"
+    "--coordinator defaults to $MESHRUN_COORDINATOR, else 127.0.0.1:7070\n";
 
 int Health(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
@@ -174,11 +177,18 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub() {
   return v1::Coordinator::NewStub(MakeChannel(address));
 }
 
+// Exit codes (also in kUsage): 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator
+// unreachable, 4 the followed job ended FAILED or CANCELLED, 5 still running after --wait.
+constexpr int kExitUnreachable = 3, kExitJobFailed = 4, kExitStillRunning = 5;
+
 void CheckCall(const grpc::Status& status, const std::string& what) {
   if (!status.ok()) {
+    const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     ExitWithError(absl::StrCat(what, ": ", absl::StatusCodeToString(
                                                static_cast<absl::StatusCode>(status.error_code())),
-                               ": ", status.error_message()), 1);
+                               ": ", status.error_message()),
+                  unreachable ? kExitUnreachable : 1);
   }
 }
 
@@ -221,7 +231,8 @@ int Submit(const std::vector<std::string>& args) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::printf("%s", ManifestText(job).c_str());
-  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) return 0;
+  return coordinator::IsFinal(job.state()) ? kExitJobFailed : kExitStillRunning;
 }
 
 int Get(const std::vector<std::string>& args) {

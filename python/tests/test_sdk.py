@@ -102,3 +102,14 @@ def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
     monkeypatch.setenv("MESHRUN_COORDINATOR", cluster.address)
     with meshrun.Client(timeout=10) as client:
         assert client.address == cluster.address and len(client.workers()) == 2
+
+
+def test_cli_exit_codes():
+    import subprocess
+    from conftest import _bin
+    if not os.path.exists(_bin("meshrun")):
+        pytest.skip("MESHRUN_BIN_DIR does not hold the meshrun binaries")
+    run = lambda *a: subprocess.run([_bin("meshrun"), *a], capture_output=True, timeout=60)
+    assert run("no-such-command").returncode == 2
+    assert run("get").returncode == 2
+    assert run("--coordinator=127.0.0.1:1", "--timeout=2s", "list").returncode == 3
