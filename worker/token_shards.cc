@@ -28,19 +28,11 @@ T Read(const char* bytes, int64_t offset) {
 // Pieces in which Open reads a mapped file before dropping it from the resident set.
 constexpr int64_t kPieceBytes = int64_t{64} << 20;
 
-// Drops [offset, offset + n) of a mapping from the process's resident set (the page cache keeps
-// the file's pages; a later read maps them again). Page-aligned inside the range.
-void DropResident(void* base, int64_t offset, int64_t n) {
-  const int64_t page = sysconf(_SC_PAGESIZE);
-  const int64_t begin = (offset + page - 1) / page * page;
-  const int64_t end = (offset + n) / page * page;
-  if (end > begin) madvise(static_cast<char*>(base) + begin, end - begin, MADV_DONTNEED);
-}
-
-// Drops the pages around [offset, offset + n) of a mapping of `size` bytes, widened to whole
+// Drops the pages around [offset, offset + n) of a mapping of `size` bytes from the process's
+// resident set (the page cache keeps them; a later read maps them again), widened to whole
 // blocks of the kernel's fault-around (64 KiB by default: one fault maps that many pages), so
-// reading windows does not accumulate resident pages.
-void DropAround(void* base, int64_t size, int64_t offset, int64_t n) {
+// reading does not accumulate resident pages.
+void DropResident(void* base, int64_t size, int64_t offset, int64_t n) {
   constexpr int64_t kBlock = int64_t{64} << 10;
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t begin = offset / kBlock * kBlock;
@@ -123,7 +115,7 @@ absl::Status ParseShard(const std::string& path, void* mapped, int64_t size, int
                                 shard->vocab_size));
       }
     }
-    DropResident(mapped, kTokenShardHeaderBytes + from * shard->width,
+    DropResident(mapped, size, kTokenShardHeaderBytes + from * shard->width,
                  (to - from) * shard->width);
   }
   const int64_t starts_offset = kTokenShardHeaderBytes + token_bytes;
@@ -141,7 +133,7 @@ absl::Status ParseShard(const std::string& path, void* mapped, int64_t size, int
     previous = static_cast<int64_t>(start);
     starts->push_back(base + previous);
   }
-  DropResident(mapped, 0, size);
+  DropResident(mapped, size, 0, size);
   shard->tokens = static_cast<int64_t>(num_tokens);
   shard->documents = static_cast<int64_t>(num_documents);
   return absl::OkStatus();
@@ -235,7 +227,7 @@ absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Open(const std::
                                     static_cast<size_t>(n));
       file.Update(piece);
       all.Update(piece);
-      DropResident(mapped.base, from, n);
+      DropResident(mapped.base, size, from, n);
     }
     DataReceipt& receipt = corpus->receipt_;
     receipt.files.push_back(files[i]);
@@ -263,7 +255,7 @@ void TokenCorpus::CopyTokens(int64_t begin, int64_t n, int32_t* out) const {
     }
     // The window's pages leave the resident set again (the page cache keeps them): a worker's
     // memory stays flat however much of the corpus it reads.
-    DropAround(shard.base, static_cast<int64_t>(shard.size),
+    DropResident(shard.base, static_cast<int64_t>(shard.size),
                kTokenShardHeaderBytes + from * shard.width, count * shard.width);
     j += count;
     ++k;
