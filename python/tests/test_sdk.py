@@ -91,6 +91,16 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     worker_metrics = client.metrics()
     assert "worker-0" in worker_metrics
 
+    # The CLI's --output=json: the same messages, parseable.
+    for args, check in (
+            (("get", job_id), lambda m: m["state"] == "JOB_STATE_SUCCEEDED"
+             and int(m["last_step"]) == STEPS),
+            (("list",), lambda m: job_id in [j["job_id"] for j in m["jobs"]]),
+            (("workers",), lambda m: len(m["workers"]) == 2),
+            (("metrics",), lambda m: {h["host"] for h in m["hosts"]} >= {"worker-0"})):
+        result = cluster.cli("--output=json", *args)
+        assert result.returncode == 0 and check(json.loads(result.stdout)), result
+
 
 def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
     import subprocess
