@@ -125,12 +125,17 @@ absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
   ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
   *response = WithoutPrograms(std::move(job));
+  telemetry_->ShowLiveStep(response);  // sdk: a running job's current step
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
                                              v1::ListJobsResponse* response) {
-  for (v1::JobManifest& job : jobs_->List()) *response->add_jobs() = WithoutPrograms(job);
+  for (v1::JobManifest& job : jobs_->List()) {
+    v1::JobManifest* out = response->add_jobs();
+    *out = WithoutPrograms(job);
+    telemetry_->ShowLiveStep(out);  // sdk: a running job's current step
+  }
   return absl::OkStatus();
 }
 

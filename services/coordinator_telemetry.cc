@@ -2,11 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "coordinator/job_table.h"
 
 namespace meshrun::services {
 
@@ -151,7 +153,23 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
 absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {
   ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome, combiner_->Add(summary));
   (void)outcome;  // duplicates and late summaries are acknowledged too: resending is useless
+  {
+    absl::MutexLock l(&steps_mu_);
+    int64_t& latest = latest_step_[summary.job_id()];
+    latest = std::max(latest, summary.step());
+  }
   return history_->AppendHost(summary);
+}
+
+int64_t CoordinatorTelemetry::LatestStep(const std::string& job_id) const {
+  absl::MutexLock l(&steps_mu_);
+  auto it = latest_step_.find(job_id);
+  return it == latest_step_.end() ? 0 : it->second;
+}
+
+void CoordinatorTelemetry::ShowLiveStep(v1::JobManifest* job) const {
+  if (coordinator::IsFinal(job->state())) return;  // the final report's step stands
+  job->set_last_step(std::max(job->last_step(), LatestStep(job->job_id())));
 }
 
 }  // namespace meshrun::services
