@@ -207,6 +207,9 @@ std::string DashboardApi::EndEvent(const absl::Status& status, int64_t resume_st
 absl::StatusOr<std::string> DashboardApi::Metrics() {
   CoordinatorRpcHandler& handler = *config_.handler;
   telemetry::PrometheusText out;
+  RETURN_IF_ERROR(out.Declare("meshrun_build_info", MetricType::kGauge,
+                              "1, labelled with this build's version (CMake project version)."));
+  RETURN_IF_ERROR(out.Add("meshrun_build_info", {{"version", MESHRUN_VERSION}}, 1));
 
   // Jobs: a count per state (every state, so absent ones read 0) and each job's own state.
   v1::ListJobsResponse jobs;

@@ -48,7 +48,7 @@ for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index=
             'meshrun_telemetry_value{job_id="job-1",series="metrics.sink_mass",index="23"}' \
             'meshrun_worker_up{host="worker-0"} 1' \
             'meshrun_worker_seconds_total{host="worker-0",metric="ExecuteTime"}' \
-            'meshrun_job_state{job_id="job-1",state="'; do
+            'meshrun_job_state{job_id="job-1",state="' 'meshrun_build_info{version="0.1.0"} 1'; do
   grep -qF "$want" "$tmp/metrics.txt" || fail "/metrics lacks $want: $(cat "$tmp/metrics.txt")"
 done
 
