@@ -275,7 +275,7 @@ absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
       if (t.name() == "batch.tokens" && t.shape_size() == 2 &&
           (*corpus)->WindowCount(t.shape(1)) == 0) {
         return Invalid("data.token_shards_glob",
-                       absl::StrCat("\"", glob, "\" holds ", (*corpus)->tokens().size(),
+                       absl::StrCat("\"", glob, "\" holds ", (*corpus)->num_tokens(),
                                     " tokens: no document starts a window of ", t.shape(1),
                                     " tokens (batch.tokens length)"));
       }

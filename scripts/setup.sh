@@ -57,4 +57,6 @@ if [ -n "$go_bin" ] && "$go_bin" version | grep -Eq 'go1\.(2[2-9]|[3-9][0-9])'; 
 else
   echo "setup: no Go >= 1.22; deploy_manifests_test will be skipped"
 fi
+# --- sdk (issue 17): the meshrun Python SDK (python/) in .venv, reinstalled when it changes.
+bash "$root/scripts/install_sdk.sh"
 echo "setup: done"

@@ -2,8 +2,11 @@
 #include <google/protobuf/text_format.h>
 #include <unistd.h>
 
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <deque>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,8 +34,17 @@
 #include "telemetry/export.h"
 #include "worker/runtime/identity.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of the coordinator");
+// $MESHRUN_COORDINATOR, when set, is the default address (as for the Python SDK's Client).
+static std::string DefaultCoordinator() {
+  const char* env = std::getenv("MESHRUN_COORDINATOR");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
+ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
+          "HOST:PORT of the coordinator (default $MESHRUN_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
+ABSL_FLAG(std::string, output, "text",
+          "text (tables, default) or json (the full messages, proto3 JSON; watch: one line per "
+          "summary)");
 ABSL_FLAG(int, expect, 0,
           "workers: wait (up to --wait) until at least this many workers are ALIVE");
 ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
@@ -79,7 +92,27 @@ constexpr char kUsage[] =
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
     "  version              print this build's version and protocol range\n"
-    "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n";
+    "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n\n"
+    "exit codes: 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator unreachable,\n"
+    "4 the job ended FAILED or CANCELLED (submit --follow), 5 still running after --wait\n"
+    "--coordinator defaults to $MESHRUN_COORDINATOR, else 127.0.0.1:7070\n";
+
+// --output=json: the whole message as proto3 JSON on one line.
+bool JsonOutput() {
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "text" && output != "json") {
+    ExitWithError("--output=" + output + " is not text or json", 2);
+  }
+  return output == "json";
+}
+
+void PrintJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::printf("%s\n", json.c_str());
+}
 
 int Health(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
@@ -140,14 +173,20 @@ int Workers() {
                                workers.status().message()), 1);
   }
   if (workers->coordinator_insecure()) {
-    std::printf("WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): anyone "
-                "who reaches it can run code on the workers; see docs/security.md\n");
+    std::fprintf(stderr, "WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): "
+                 "anyone who reaches it can run code on the workers; see docs/security.md\n");
   }
-  std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
-              "DEVICES", "HEARTBEAT", "NOTE");
   int alive = 0;
+  if (JsonOutput()) {
+    PrintJson(*workers);
+    for (const auto& w : workers->workers()) alive += w.state() == v1::WORKER_STATE_ALIVE;
+  } else {
+    std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
+                "DEVICES", "HEARTBEAT", "NOTE");
+  }
   const int64_t now_micros = absl::ToUnixMicros(absl::Now());
   for (const v1::WorkerStatus& w : workers->workers()) {
+    if (JsonOutput()) break;
     const auto& reg = w.registration();
     alive += w.state() == v1::WORKER_STATE_ALIVE;
     const runtime::RuntimeIdentity identity = FromProto(reg.runtime());
@@ -177,11 +216,18 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub() {
   return v1::Coordinator::NewStub(MakeChannel(address));
 }
 
+// Exit codes (also in kUsage): 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator
+// unreachable, 4 the followed job ended FAILED or CANCELLED, 5 still running after --wait.
+constexpr int kExitUnreachable = 3, kExitJobFailed = 4, kExitStillRunning = 5;
+
 void CheckCall(const grpc::Status& status, const std::string& what) {
   if (!status.ok()) {
+    const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     ExitWithError(absl::StrCat(what, ": ", absl::StatusCodeToString(
                                                static_cast<absl::StatusCode>(status.error_code())),
-                               ": ", status.error_message()), 1);
+                               ": ", status.error_message()),
+                  unreachable ? kExitUnreachable : 1);
   }
 }
 
@@ -222,7 +268,8 @@ int Submit(const std::vector<std::string>& args) {
   v1::SubmitJobResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->SubmitJob(context.get(), request, &response), "submit refused");
-  std::printf("%s\n", response.job_id().c_str());
+  if (!JsonOutput()) std::printf("%s\n", response.job_id().c_str());
+  if (JsonOutput() && !absl::GetFlag(FLAGS_follow)) PrintJson(response);
   if (!absl::GetFlag(FLAGS_follow)) return 0;
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_wait);
   v1::JobManifest job;
@@ -234,8 +281,13 @@ int Submit(const std::vector<std::string>& args) {
     if (coordinator::IsFinal(job.state()) || absl::Now() >= give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  std::printf("%s", ManifestText(job).c_str());
-  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  if (JsonOutput()) {
+    PrintJson(job);
+  } else {
+    std::printf("%s", ManifestText(job).c_str());
+  }
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) return 0;
+  return coordinator::IsFinal(job.state()) ? kExitJobFailed : kExitStillRunning;
 }
 
 int Get(const std::vector<std::string>& args) {
@@ -246,7 +298,11 @@ int Get(const std::vector<std::string>& args) {
   v1::JobManifest job;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->GetJob(context.get(), request, &job), "get");
-  std::printf("%s", ManifestText(job).c_str());
+  if (JsonOutput()) {
+    PrintJson(job);
+  } else {
+    std::printf("%s", ManifestText(job).c_str());
+  }
   return 0;
 }
 
@@ -255,6 +311,10 @@ int List() {
   v1::ListJobsResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->ListJobs(context.get(), {}, &response), "list");
+  if (JsonOutput()) {
+    PrintJson(response);
+    return 0;
+  }
   std::printf("%-10s %-24s %-10s %-8s %-6s %s\n", "JOB", "NAME", "STATE", "STEP", "CACHE",
               "NOTE");
   for (const v1::JobManifest& job : response.jobs()) {
@@ -275,7 +335,11 @@ int Cancel(const std::vector<std::string>& args) {
   v1::CancelJobResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CancelJob(context.get(), request, &response), "cancel");
-  std::printf("cancelled %s\n", args[2].c_str());
+  if (JsonOutput()) {
+    std::printf("{\"cancelled\":\"%s\"}\n", absl::CEscape(args[2]).c_str());
+  } else {
+    std::printf("cancelled %s\n", args[2].c_str());
+  }
   return 0;
 }
 
@@ -299,6 +363,10 @@ int Metrics(const std::vector<std::string>& args) {
   v1::GetMetricsResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout) + absl::Seconds(5));
   CheckCall(stub->GetMetrics(context.get(), request, &response), "metrics");
+  if (JsonOutput()) {
+    PrintJson(response);
+    return 0;
+  }
   for (const v1::HostMetrics& host : response.hosts()) {
     std::printf("== %s\n", host.host().c_str());
     for (const v1::Metric& m : host.metrics()) {
@@ -326,6 +394,10 @@ int Memory(const std::vector<std::string>& args) {
   v1::GetDeviceMemoryResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout) + absl::Seconds(5));
   CheckCall(stub->GetDeviceMemory(context.get(), request, &response), "memory");
+  if (JsonOutput()) {
+    PrintJson(response);
+    return 0;
+  }
   auto bytes = [](bool has, int64_t value) {
     return has ? absl::StrCat(value) : std::string("-");
   };
@@ -365,7 +437,13 @@ int Watch(const std::vector<std::string>& args) {
   v1::GlobalSummary summary;
   bool header = false;
   std::deque<float> first_series;
+  const bool json = JsonOutput();
   while (reader->Read(&summary)) {
+    if (json) {
+      PrintJson(summary);
+      std::fflush(stdout);
+      continue;
+    }
     if (!header) {
       std::printf("%8s", "STEP");
       for (const v1::TelemetryValue& v : summary.values()) {
@@ -493,7 +571,12 @@ int main(int argc, char** argv) {
   if (command == "metrics") return Metrics(args);
   if (command == "memory") return Memory(args);
   if (command == "version") {
-    std::printf("meshrun 0.1.0, protocol %u..%u\n", meshrun::kProtocolMinVersion,
+    if (meshrun::services::JsonOutput()) {
+      std::printf("{\"version\":\"%s\",\"protocol_min\":%u,\"protocol_max\":%u}\n",
+                  MESHRUN_VERSION, meshrun::kProtocolMinVersion, meshrun::kProtocolMaxVersion);
+      return 0;
+    }
+    std::printf("meshrun %s, protocol %u..%u\n", MESHRUN_VERSION, meshrun::kProtocolMinVersion,
                 meshrun::kProtocolMaxVersion);
     return 0;
   }

@@ -142,6 +142,7 @@ absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
       response->add_straggler_hosts(host);
     }
   }
+  telemetry_->ShowLiveStep(response);  // sdk: a running job's current step
   return absl::OkStatus();
 }
 
@@ -154,6 +155,7 @@ absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
     for (const std::string& host : telemetry_->Stragglers(job.job_id())) {
       listed->add_straggler_hosts(host);
     }
+    telemetry_->ShowLiveStep(listed);  // sdk: a running job's current step
   }
   return absl::OkStatus();
 }

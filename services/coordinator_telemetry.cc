@@ -2,12 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "coordinator/job_table.h"
 
 namespace meshrun::services {
 
@@ -183,7 +185,23 @@ absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summ
     spdlog::warn("job {}: stragglers at step {}: [{}]", summary.job_id(), summary.step(),
                  absl::StrJoin(flagged, ", "));
   }
+  {
+    absl::MutexLock l(&steps_mu_);
+    int64_t& latest = latest_step_[summary.job_id()];
+    latest = std::max(latest, summary.step());
+  }
   return history_->AppendHost(summary);
+}
+
+int64_t CoordinatorTelemetry::LatestStep(const std::string& job_id) const {
+  absl::MutexLock l(&steps_mu_);
+  auto it = latest_step_.find(job_id);
+  return it == latest_step_.end() ? 0 : it->second;
+}
+
+void CoordinatorTelemetry::ShowLiveStep(v1::JobManifest* job) const {
+  if (coordinator::IsFinal(job->state())) return;  // the final report's step stands
+  job->set_last_step(std::max(job->last_step(), LatestStep(job->job_id())));
 }
 
 }  // namespace meshrun::services

@@ -73,6 +73,11 @@ class CoordinatorTelemetry {
   // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's,
   // Config::admit's (a fenced incarnation).
   absl::StatusOr<int64_t> Accept(const v1::HostSummary& summary);
+  // The highest step any host reported telemetry for (0: none yet): a running job's current
+  // step, to the telemetry cadence, for `meshrun list` and /api/jobs.
+  int64_t LatestStep(const std::string& job_id) const;
+  // Raises a job's last_step to LatestStep while it runs (GetJob, ListJobs, /api/jobs).
+  void ShowLiveStep(v1::JobManifest* job) const;
 
   // Hosts of a collecting job that the straggler detector flags now (sorted; docs/liveness.md).
   std::vector<std::string> Stragglers(const std::string& job_id) {
@@ -95,6 +100,8 @@ class CoordinatorTelemetry {
   std::unique_ptr<telemetry::WatchHub> hub_;
   std::unique_ptr<telemetry::StepCombiner> combiner_;
   std::unique_ptr<coordinator::StragglerDetector> stragglers_;
+  mutable absl::Mutex steps_mu_;
+  std::map<std::string, int64_t> latest_step_ ABSL_GUARDED_BY(steps_mu_);
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
   absl::Notification stop_;

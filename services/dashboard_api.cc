@@ -208,6 +208,9 @@ std::string DashboardApi::EndEvent(const absl::Status& status, int64_t resume_st
 absl::StatusOr<std::string> DashboardApi::Metrics() {
   CoordinatorRpcHandler& handler = *config_.handler;
   telemetry::PrometheusText out;
+  RETURN_IF_ERROR(out.Declare("meshrun_build_info", MetricType::kGauge,
+                              "1, labelled with this build's version (CMake project version)."));
+  RETURN_IF_ERROR(out.Add("meshrun_build_info", {{"version", MESHRUN_VERSION}}, 1));
 
   // Jobs: a count per state (every state, so absent ones read 0) and each job's own state.
   v1::ListJobsResponse jobs;
@@ -239,12 +242,12 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
   for (const v1::JobManifest& job : jobs.jobs()) {
     const std::string& id = job.job_id();
     RETURN_IF_ERROR(out.Add("meshrun_job_state",
-                            {{"job", id}, {"state", EnumLabel(v1::JobState_Name(job.state()),
+                            {{"job_id", id}, {"state", EnumLabel(v1::JobState_Name(job.state()),
                                                               "JOB_STATE_")}},
                             1));
-    RETURN_IF_ERROR(out.Add("meshrun_job_last_step", {{"job", id}}, job.last_step()));
-    RETURN_IF_ERROR(out.Add("meshrun_job_compile_seconds", {{"job", id}}, job.compile_seconds()));
-    RETURN_IF_ERROR(out.Add("meshrun_job_executable_sent_bytes", {{"job", id}},
+    RETURN_IF_ERROR(out.Add("meshrun_job_last_step", {{"job_id", id}}, job.last_step()));
+    RETURN_IF_ERROR(out.Add("meshrun_job_compile_seconds", {{"job_id", id}}, job.compile_seconds()));
+    RETURN_IF_ERROR(out.Add("meshrun_job_executable_sent_bytes", {{"job_id", id}},
                             job.executable_bytes_sent()));
     for (const std::string& host : job.straggler_hosts()) {
       RETURN_IF_ERROR(out.Add("meshrun_host_straggler", {{"job_id", id}, {"host", host}}, 1));
@@ -343,16 +346,16 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
     if (!latest.ok() || latest->empty()) continue;  // pruned or removed since ListJobs
     const v1::GlobalSummary& summary = latest->front();
     const std::string& job = info.job_id;
-    RETURN_IF_ERROR(out.Add("meshrun_telemetry_step", {{"job", job}}, summary.step()));
-    RETURN_IF_ERROR(out.Add("meshrun_telemetry_step_time_seconds", {{"job", job}},
+    RETURN_IF_ERROR(out.Add("meshrun_telemetry_step", {{"job_id", job}}, summary.step()));
+    RETURN_IF_ERROR(out.Add("meshrun_telemetry_step_time_seconds", {{"job_id", job}},
                             summary.step_time_seconds()));
-    RETURN_IF_ERROR(out.Add("meshrun_telemetry_partial", {{"job", job}}, summary.partial()));
+    RETURN_IF_ERROR(out.Add("meshrun_telemetry_partial", {{"job_id", job}}, summary.partial()));
     for (const v1::TelemetryValue& value : summary.values()) {
       const int n = value.values_size();
       if (n <= config_.max_elements_per_series) {
         for (int i = 0; i < n; ++i) {
           RETURN_IF_ERROR(out.Add("meshrun_telemetry_value",
-                                  {{"job", job}, {"series", value.name()},
+                                  {{"job_id", job}, {"series", value.name()},
                                    {"index", absl::StrCat(i)}},
                                   value.values(i)));
         }
@@ -367,11 +370,11 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
             {"min", lo}, {"max", hi}, {"mean", sum / n}};
         for (const auto& [stat, v] : stats) {
           RETURN_IF_ERROR(out.Add("meshrun_telemetry_value_stat",
-                                  {{"job", job}, {"series", value.name()}, {"stat", stat}}, v));
+                                  {{"job_id", job}, {"series", value.name()}, {"stat", stat}}, v));
         }
       }
       RETURN_IF_ERROR(out.Add("meshrun_telemetry_threshold_exceeded",
-                              {{"job", job}, {"series", value.name()}},
+                              {{"job_id", job}, {"series", value.name()}},
                               value.threshold_exceeded()));
     }
   }

@@ -155,6 +155,13 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& job_json_path,
     if (job.mesh_axes[i] == "data") dp = size;
     if (job.mesh_axes[i] == "model") tp = size;
     if (job.mesh_axes[i] == "expert") ep = size;
+    if (job.mesh_axes[i] != "data" && job.mesh_axes[i] != "model" &&
+        job.mesh_axes[i] != "expert") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh.axes: axis \"", job.mesh_axes[i],
+          "\" is not mapped to a role (data, model or expert); export with "
+          "meshrun.export(..., axis_roles=...) or rename it"));
+    }
   }
   spec.mutable_mesh()->set_data_parallel(dp);
   spec.mutable_mesh()->set_tensor_parallel(tp);

@@ -44,11 +44,11 @@ done
 
 # 2. Prometheus text with the job's telemetry and the worker's metrics.
 curl -sf "$base/metrics" >"$tmp/metrics.txt" || fail "/metrics"
-for want in 'meshrun_telemetry_value{job="job-1",series="metrics.loss",index="0"}' \
-            'meshrun_telemetry_value{job="job-1",series="metrics.sink_mass",index="23"}' \
+for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index="0"}' \
+            'meshrun_telemetry_value{job_id="job-1",series="metrics.sink_mass",index="23"}' \
             'meshrun_worker_up{host="worker-0"} 1' \
             'meshrun_worker_seconds_total{host="worker-0",metric="ExecuteTime"}' \
-            'meshrun_job_state{job="job-1",state="'; do
+            'meshrun_job_state{job_id="job-1",state="' 'meshrun_build_info{version="0.1.0"} 1'; do
   grep -qF "$want" "$tmp/metrics.txt" || fail "/metrics lacks $want: $(cat "$tmp/metrics.txt")"
 done
 

@@ -127,7 +127,7 @@ class TokenShardBatches final : public RowBatches {
     const std::vector<int64_t>& starts = corpus_->document_starts();
     int64_t doc = static_cast<int64_t>(hash % static_cast<uint64_t>(windows_));
     const int64_t begin = starts[doc];
-    for (int64_t j = 0; j < spec_.length; ++j) tokens[j] = corpus_->tokens()[begin + j];
+    corpus_->CopyTokens(begin, spec_.length, tokens);
     int32_t id = 0;
     for (int64_t j = 0; j < spec_.doc_ids_length; ++j) {
       while (doc + 1 < static_cast<int64_t>(starts.size()) && starts[doc + 1] <= begin + j) {
@@ -199,7 +199,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeTokenShardBatches(
   const int64_t windows = corpus->WindowCount(spec.length);
   if (windows == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the token shards hold ", corpus->tokens().size(), " tokens: no document starts a window of ",
+        "the token shards hold ", corpus->num_tokens(), " tokens: no document starts a window of ",
         spec.length, " tokens"));
   }
   return std::make_unique<TokenShardBatches>(std::move(corpus), std::move(spec), windows);

@@ -4,6 +4,9 @@
 // train.
 //
 // Thread-safety: TokenCorpus is immutable after Open and safe to share between threads.
+// Memory: the shards are memory-mapped read-only, never loaded whole; Open validates and hashes
+// them in pieces and drops each piece from the process's resident set after it (the page cache
+// keeps it), and a batch touches only the pages of its windows.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +19,9 @@
 namespace meshrun::worker {
 
 inline constexpr char kTokenShardMagic[8] = {'M', 'R', 'T', 'O', 'K', 'S', 'H', 'D'};
-inline constexpr uint32_t kTokenShardVersion = 1;
+// Version 1: u16 tokens. Version 2: the header's u32 at offset 20 gives the token width in
+// bytes, 2 (u16) or 4 (u32, vocabularies above 65,536). docs/data.md.
+inline constexpr uint32_t kTokenShardVersion = 2;
 inline constexpr int64_t kTokenShardHeaderBytes = 48;
 
 // What a job trained on (meshrun.v1.DataReceipt).
@@ -43,7 +48,13 @@ class TokenCorpus {
   const DataReceipt& receipt() const { return receipt_; }
   uint32_t vocab_size() const { return vocab_size_; }
   uint32_t bos() const { return bos_; }
-  const std::vector<uint16_t>& tokens() const { return tokens_; }
+  ~TokenCorpus();
+  TokenCorpus(const TokenCorpus&) = delete;
+  TokenCorpus& operator=(const TokenCorpus&) = delete;
+  int64_t num_tokens() const { return num_tokens_; }
+  // Tokens [begin, begin + n) of the stream (across shard files) into out[0, n).
+  // Requires 0 <= begin and begin + n <= num_tokens().
+  void CopyTokens(int64_t begin, int64_t n, int32_t* out) const;
   // Stream position of each document's BOS token, increasing; document i ends where i+1 starts.
   const std::vector<int64_t>& document_starts() const { return starts_; }
   // How many documents start a window of `length` tokens that fits in the stream; windows are
@@ -56,7 +67,16 @@ class TokenCorpus {
   DataReceipt receipt_;
   uint32_t vocab_size_ = 0;
   uint32_t bos_ = 0;
-  std::vector<uint16_t> tokens_;
+  struct MappedShard {
+    void* base = nullptr;  // the whole file, PROT_READ; munmap'ed by ~TokenCorpus
+    size_t size = 0;
+    const char* tokens = nullptr;
+    int width = 2;      // bytes per token
+    int64_t first = 0;  // stream index of its first token
+    int64_t count = 0;
+  };
+  std::vector<MappedShard> shards_;
+  int64_t num_tokens_ = 0;
   std::vector<int64_t> starts_;
 };
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -109,18 +110,20 @@ TEST_F(TokenShardsTest, ReadsWhatTheScriptWroteFromRealText) {
   ASSERT_GT(docs.size(), 5u);
   EXPECT_EQ(receipt.documents, static_cast<int64_t>(docs.size()));
   ASSERT_EQ((*corpus)->document_starts().size(), docs.size());
+  std::vector<int32_t> stream((*corpus)->num_tokens());
+  (*corpus)->CopyTokens(0, (*corpus)->num_tokens(), stream.data());  // across every file
   int64_t position = 0;
   for (size_t d = 0; d < docs.size(); ++d) {
     ASSERT_EQ((*corpus)->document_starts()[d], position) << "document " << d;
-    EXPECT_EQ((*corpus)->tokens()[position], 0);
+    EXPECT_EQ(stream[position], 0);
     for (size_t i = 0; i < docs[d].size(); ++i) {
-      ASSERT_EQ((*corpus)->tokens()[position + 1 + i], static_cast<unsigned char>(docs[d][i]))
+      ASSERT_EQ(stream[position + 1 + i], static_cast<unsigned char>(docs[d][i]))
           << "document " << d << " byte " << i;
     }
     position += 1 + static_cast<int64_t>(docs[d].size());
   }
   EXPECT_EQ(receipt.tokens, position);
-  EXPECT_EQ(static_cast<int64_t>((*corpus)->tokens().size()), position);
+  EXPECT_EQ((*corpus)->num_tokens(), position);
 
   ASSERT_GT(receipt.files.size(), 1u);
   std::string all;
@@ -156,7 +159,7 @@ TEST_F(TokenShardsTest, RefusesBadFilesNamingThem) {
   bad_magic[0] = 'X';
   const std::vector<std::pair<std::string, std::string>> cases = {
       {bad_magic, "bad magic"},
-      {HandShard({"x"}, 2), "version 2 is not supported"},
+      {HandShard({"x"}, 3), "version 3 is not supported"},
       {good.substr(0, good.size() - 3), "truncated"},
       {good.substr(0, 20), "truncated"},
       {good + "zz", "trailing bytes"},
@@ -278,6 +281,112 @@ TEST(SyntheticBatchesTest, SeededAndOnlyFromTokens) {
   spec.inputs = {kTokensInput, "batch.labels"};
   const absl::Status refused = MakeSyntheticBatches(spec).status();
   EXPECT_NE(refused.message().find("batch.labels"), absl::string_view::npos) << refused;
+}
+
+
+// --- sdk (issue 17): u32 shards (version 2) and memory-mapped reading.
+
+// A version 2 shard with 4-byte tokens: document d is BOS + `length` tokens counting from
+// `first_token + d`.
+std::string U32Shard(int64_t documents, int64_t length, uint32_t vocab, uint32_t first_token) {
+  std::string out(kTokenShardMagic, sizeof(kTokenShardMagic));
+  Put<uint32_t>(out, 2);
+  Put<uint32_t>(out, vocab);
+  Put<uint32_t>(out, 0);
+  Put<uint32_t>(out, 4);  // token width
+  Put<uint64_t>(out, documents * (1 + length));
+  Put<uint64_t>(out, documents);
+  Put<uint64_t>(out, 0);
+  out.reserve(out.size() + documents * (1 + length) * 4 + documents * 8);
+  for (int64_t d = 0; d < documents; ++d) {
+    Put<uint32_t>(out, 0);
+    for (int64_t j = 0; j < length; ++j) {
+      Put<uint32_t>(out, 1 + (first_token + static_cast<uint32_t>(d + j)) % (vocab - 1));
+    }
+  }
+  for (int64_t d = 0; d < documents; ++d) Put<uint64_t>(out, d * (1 + length));
+  return out;
+}
+
+TEST_F(TokenShardsTest, U32ShardsWithVocab100kFillTheLmBatch) {
+  // Two files, tokens up to 99,999: above u16's range.
+  WriteAll((dir_ / "a.tok").string(), U32Shard(40, 30, 100000, 99000));
+  WriteAll((dir_ / "b.tok").string(), U32Shard(40, 30, 100000, 65000));
+  absl::StatusOr<std::shared_ptr<const TokenCorpus>> corpus =
+      TokenCorpus::Open((dir_ / "*.tok").string());
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ((*corpus)->vocab_size(), 100000u);
+  EXPECT_EQ((*corpus)->num_tokens(), 2 * 40 * 31);
+  std::vector<int32_t> stream((*corpus)->num_tokens());
+  (*corpus)->CopyTokens(0, (*corpus)->num_tokens(), stream.data());
+  EXPECT_EQ(stream[1], 1 + 99000 % 99999);
+  EXPECT_EQ(stream[40 * 31 + 1], 1 + 65000 % 99999);  // the second file's first token
+
+  TokenBatchSpec spec{.inputs = {kTokensInput}, .batch = 4, .length = 50, .rows = {0, 1, 2, 3},
+                      .seed = 3};
+  auto source = MakeTokenShardBatches(*corpus, spec);
+  ASSERT_TRUE(source.ok()) << source.status();
+  int32_t largest = 0;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<HostArray> batch = *(*source)->Next();
+    for (int64_t r = 0; r < 4; ++r) {
+      const int32_t* row = Row(batch[0], r);
+      // The row is a window of the stream starting at a document (BOS).
+      const auto at = std::find(stream.begin(), stream.end(), row[1]) - stream.begin() - 1;
+      ASSERT_GE(at, 0);
+      for (int j = 0; j < 50; ++j) {
+        largest = std::max(largest, row[j]);
+        ASSERT_LT(row[j], 100000);
+      }
+    }
+  }
+  EXPECT_GT(largest, 65535);
+
+  // A u16 (version 1) file cannot declare vocabulary 100,000; a bad width is named.
+  std::string wide = HandShard({"x"});
+  std::memcpy(wide.data() + 12, "\xa0\x86\x01\x00", 4);  // vocab 100000
+  WriteAll((dir_ / "a.tok").string(), wide);
+  EXPECT_NE(TokenCorpus::Open((dir_ / "a.tok").string()).status().message().find(
+                "vocab_size <= 65536 for u16"),
+            absl::string_view::npos);
+  std::string width3 = U32Shard(1, 3, 100, 0);
+  width3[20] = 3;
+  WriteAll((dir_ / "a.tok").string(), width3);
+  EXPECT_NE(TokenCorpus::Open((dir_ / "a.tok").string()).status().message().find(
+                "token width 3 is not 2 (u16) or 4 (u32)"),
+            absl::string_view::npos);
+}
+
+int64_t ResidentKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST_F(TokenShardsTest, ResidentMemoryStaysFlatOnACorpusMuchLargerThanABatch) {
+  // 96 MiB of u32 tokens in 3 files; a batch is 8 x 256 tokens (8 KiB).
+  for (int f = 0; f < 3; ++f) {
+    WriteAll((dir_ / absl::StrCat("c", f, ".tok")).string(),
+             U32Shard(8192, 1023, 100000, static_cast<uint32_t>(f) * 7));
+  }
+  const int64_t before = ResidentKiB();
+  absl::StatusOr<std::shared_ptr<const TokenCorpus>> corpus =
+      TokenCorpus::Open((dir_ / "*.tok").string());
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_GT((*corpus)->receipt().bytes, int64_t{96} << 20);
+  const int64_t opened = ResidentKiB();
+  TokenBatchSpec spec{.inputs = {kTokensInput}, .batch = 8, .length = 256,
+                      .rows = {0, 1, 2, 3, 4, 5, 6, 7}, .seed = 1};
+  auto source = MakeTokenShardBatches(*corpus, spec);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int step = 0; step < 200; ++step) ASSERT_TRUE((*source)->Next().ok());
+  const int64_t after = ResidentKiB();
+  // Loading whole would add >= 96 MiB; mapped, with every piece validated and every window read
+  // dropped from the resident set again, it adds a few MiB.
+  EXPECT_LT(after - before, 24 * 1024) << "VmRSS " << before << " -> " << opened << " (opened) -> " << after << " KiB";
 }
 
 }  // namespace

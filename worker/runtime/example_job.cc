@@ -179,32 +179,43 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
         absl::StrCat(job.mode_b() ? "apply" : "step", " has no output metrics.loss"));
   }
 
-  ASSIGN_OR_RETURN(const Struct* data, Object(root, "data"));
-  ASSIGN_OR_RETURN(job.data_arrays, ParseArrays(*data, "arrays"));
-  ASSIGN_OR_RETURN(std::string data_file, String(*data, "file"));
-  ASSIGN_OR_RETURN(double steps, Number(*data, "steps"));
-  ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + data_file));
-  size_t offset = 0;
-  for (int s = 0; s < static_cast<int>(steps) * job.grad_accumulation; ++s) {
-    std::vector<HostArray> batch;
-    for (const ExampleArray& a : job.data_arrays) {
-      const size_t size = static_cast<size_t>(a.global.shape.ByteSize());
-      if (offset + size > bytes.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(data_file, " is too short for ", steps,
-                                                       " steps"));
+  // The bundle's own batches; absent when the job trains on token shards (--data).
+  if (root.fields().contains("data")) {
+    ASSIGN_OR_RETURN(const Struct* data, Object(root, "data"));
+    ASSIGN_OR_RETURN(job.data_arrays, ParseArrays(*data, "arrays"));
+    ASSIGN_OR_RETURN(std::string data_file, String(*data, "file"));
+    ASSIGN_OR_RETURN(double steps, Number(*data, "steps"));
+    ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + data_file));
+    size_t offset = 0;
+    for (int s = 0; s < static_cast<int>(steps) * job.grad_accumulation; ++s) {
+      std::vector<HostArray> batch;
+      for (const ExampleArray& a : job.data_arrays) {
+        const size_t size = static_cast<size_t>(a.global.shape.ByteSize());
+        if (offset + size > bytes.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(data_file, " is too short for ", steps,
+                                                         " steps"));
+        }
+        batch.push_back({a.global.shape, bytes.substr(offset, size)});
+        offset += size;
       }
-      batch.push_back({a.global.shape, bytes.substr(offset, size)});
-      offset += size;
+      job.batches.push_back(std::move(batch));
     }
-    job.batches.push_back(std::move(batch));
   }
 
-  ASSIGN_OR_RETURN(std::string reference_file, String(root, "reference"));
-  ASSIGN_OR_RETURN(Struct reference, ReadJson(dir + "/" + reference_file));
-  ASSIGN_OR_RETURN(job.reference_loss, Numbers<float>(reference, "loss"));
-  ASSIGN_OR_RETURN(job.reference_grad_norm, Numbers<float>(reference, "grad_norm"));
-  ASSIGN_OR_RETURN(std::string options_file, String(root, "compile_options_jax"));
-  ASSIGN_OR_RETURN(job.jax_compile_options, ReadFile(dir + "/" + options_file));
+  // Test fixtures, optional: a bundle needs only what a run needs (meshrun.export writes
+  // neither unless asked). When present they are read whole.
+  if (root.fields().contains("reference")) {
+    ASSIGN_OR_RETURN(std::string reference_file, String(root, "reference"));
+    ASSIGN_OR_RETURN(Struct reference, ReadJson(dir + "/" + reference_file));
+    ASSIGN_OR_RETURN(job.reference_loss, Numbers<float>(reference, "loss"));
+    if (reference.fields().contains("grad_norm")) {
+      ASSIGN_OR_RETURN(job.reference_grad_norm, Numbers<float>(reference, "grad_norm"));
+    }
+  }
+  if (root.fields().contains("compile_options_jax")) {
+    ASSIGN_OR_RETURN(std::string options_file, String(root, "compile_options_jax"));
+    ASSIGN_OR_RETURN(job.jax_compile_options, ReadFile(dir + "/" + options_file));
+  }
   return job;
 }
 

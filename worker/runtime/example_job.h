@@ -49,6 +49,7 @@ struct ExampleJob {
   std::vector<ExampleArray> data_arrays;         // the step's (mode B: grad's) batch inputs
   // [step][array] global arrays; mode B: [micro-batch][array], grad_accumulation per step
   std::vector<std::vector<HostArray>> batches;
+  // Test fixtures, empty when the bundle has none ("reference", "compile_options_jax").
   std::vector<float> reference_loss;             // JAX's loss for each step
   std::vector<float> reference_grad_norm;
   std::string jax_compile_options;               // JAX's serialized options, same partitions

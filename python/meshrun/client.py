@@ -1,0 +1,147 @@
+"""meshrun.Client: the coordinator's gRPC API from Python.
+
+Every call has a deadline (`timeout` seconds). TLS: pass `tls_ca` (root certificates file) and,
+for mutual TLS, `tls_cert` + `tls_key`; `token` is sent as `authorization: Bearer <token>` on
+every call. The address defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
+Errors are grpc.RpcError (the server's status code and message) or meshrun.BundleError."""
+import os
+import time
+
+import grpc
+
+from meshrun.bundle import job_spec_from_bundle
+from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def _read(path):
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Client:
+    def __init__(self, address=None, *, tls_ca=None, tls_cert=None, tls_key=None, token=None,
+                 timeout=30.0):
+        self.address = address or os.environ.get("MESHRUN_COORDINATOR") or DEFAULT_ADDRESS
+        self.timeout = timeout
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (mutual TLS)")
+        if tls_ca or tls_cert:
+            creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca),
+                                                 private_key=_read(tls_key),
+                                                 certificate_chain=_read(tls_cert))
+            self._channel = grpc.secure_channel(self.address, creds)
+        else:
+            self._channel = grpc.insecure_channel(self.address)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout=None):
+        return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
+                                           metadata=self._metadata)
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0):
+        """job: a bundle directory (or its job.json) or a meshrun.v1.job_pb2.JobSpec.
+        Returns the job id. data: None = the bundle's batches, "synthetic", or a shard glob."""
+        if isinstance(job, job_pb2.JobSpec):
+            spec = job
+        else:
+            spec = job_spec_from_bundle(os.fspath(job), steps=steps, cadence=cadence, data=data,
+                                        host_replicas=host_replicas)
+        return self._call("SubmitJob", coordinator_pb2.SubmitJobRequest(spec=spec)).job_id
+
+    def get(self, job_id):
+        """The job's manifest (meshrun.v1.job_pb2.JobManifest)."""
+        return self._call("GetJob", coordinator_pb2.GetJobRequest(job_id=job_id))
+
+    def list(self):
+        return list(self._call("ListJobs", coordinator_pb2.ListJobsRequest()).jobs)
+
+    def cancel(self, job_id):
+        self._call("CancelJob", coordinator_pb2.CancelJobRequest(job_id=job_id))
+
+    def wait(self, job_id, timeout=600.0, poll=0.2):
+        """Polls until the job ends; returns its manifest. TimeoutError past `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            manifest = self.get(job_id)
+            if job_pb2.JobState.Name(manifest.state).replace("JOB_STATE_", "") in _TERMINAL:
+                return manifest
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job_pb2.JobState.Name(manifest.state)}")
+            time.sleep(poll)
+
+    # ------------------------------------------------------------------ telemetry
+    def watch(self, job_id, *, since_step=0, names=(), host_detail=False, history_only=False,
+              max_reconnects=20):
+        """Yields GlobalSummary messages in step order until the job's stream ends. A dropped
+        stream (coordinator restart, network) is resumed from the step after the last one seen,
+        so no summary is yielded twice."""
+        next_step = since_step
+        failures = 0
+        while True:
+            request = coordinator_pb2.WatchTelemetryRequest(
+                job_id=job_id, since_step=next_step, names=list(names), host_detail=host_detail,
+                history_only=history_only)
+            try:
+                # A stream lives as long as the job: no overall deadline, the reconnect handles
+                # a dead peer (gRPC keepalive-free channel ends with UNAVAILABLE).
+                for summary in self._stub.WatchTelemetry(request, metadata=self._metadata):
+                    failures = 0
+                    if summary.step < next_step:
+                        continue
+                    next_step = summary.step + 1
+                    yield summary
+                return
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                failures += 1
+                if failures > max_reconnects:
+                    raise
+                time.sleep(min(0.1 * 2 ** failures, 2.0))
+
+    def export(self, job_id, *, names=(), as_dataframe=None):
+        """Every recorded summary as rows {step, name, index, value, step_time_seconds,
+        wall_time_unix_micros} (one row per element of each series), or a pandas DataFrame when
+        pandas is installed and as_dataframe is not False."""
+        rows = []
+        for s in self.watch(job_id, names=names, history_only=True):
+            for v in s.values:
+                for i, x in enumerate(v.values):
+                    rows.append({"step": s.step, "name": v.name, "index": i, "value": x,
+                                 "step_time_seconds": s.step_time_seconds,
+                                 "wall_time_unix_micros": s.wall_time_unix_micros})
+        if as_dataframe is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if as_dataframe:
+                raise
+            return rows
+        return pandas.DataFrame(rows)
+
+    # ------------------------------------------------------------------ fleet
+    def workers(self):
+        return list(self._call("ListWorkers", coordinator_pb2.ListWorkersRequest()).workers)
+
+    def metrics(self, host=""):
+        """{host: {metric name: value}} from every worker (or one host)."""
+        response = self._call("GetMetrics", coordinator_pb2.GetMetricsRequest(host=host))
+        return {h.host: {m.name: m for m in h.metrics} for h in response.hosts}

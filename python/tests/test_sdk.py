@@ -1,0 +1,144 @@
+"""The SDK end to end: a model unlike the examples (conv net, bf16 parameters, image inputs,
+mesh axes "rows" x "cols") exported with meshrun.export, its batches written with
+meshrun.data.write_arrays, trained through a real coordinator and worker driven only by
+meshrun.Client, against JAX's own losses."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+import convnet
+import meshrun
+import meshrun.export
+
+STEPS = 6
+
+
+def export_convnet(out_dir, axis_roles={"rows": "data", "cols": "model"}, **kwargs):
+    return meshrun.export.export(
+        out_dir, init=convnet.init, step=convnet.step, mesh=convnet.mesh(),
+        state_shardings=convnet.STATE_SPECS, batch_shardings=convnet.BATCH_SPECS,
+        example_batch=convnet.batches(1)[0], batches=convnet.batches(STEPS),
+        axis_roles=axis_roles, combine={"accuracy": "min"}, name="convnet", **kwargs)
+
+
+def jax_losses():
+    """JAX's own run of the same step on the same mesh and batches."""
+    mesh = convnet.mesh()
+    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    init = jax.jit(convnet.init, out_shardings=named(convnet.STATE_SPECS))
+    step = jax.jit(convnet.step, in_shardings=(named(convnet.STATE_SPECS),
+                                               named(convnet.BATCH_SPECS)))
+    state = init(jnp.uint32(0))
+    losses = []
+    for batch in convnet.batches(STEPS):
+        state, metrics = step(state, jax.device_put(batch, named(convnet.BATCH_SPECS)))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
+def test_unmapped_mesh_axis_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match='mesh axis "cols" has no role'):
+        export_convnet(str(tmp_path), axis_roles={"rows": "data"})
+    with pytest.raises(ValueError, match="'rows', 'cols'.*order data, expert, model"):
+        export_convnet(str(tmp_path), axis_roles={"rows": "model", "cols": "data"})
+
+
+def test_hand_written_axis_is_refused_by_client_and_cli(tmp_path, cluster):
+    export_convnet(str(tmp_path))
+    job = json.load(open(tmp_path / "job.json"))
+    job["mesh"]["axes"] = ["rows", "model"]
+    json.dump(job, open(tmp_path / "job.json", "w"))
+    with pytest.raises(meshrun.BundleError, match='mesh axis "rows" is not mapped'):
+        cluster.client.submit(str(tmp_path))
+    result = cluster.cli("submit", str(tmp_path / "job.json"))
+    assert result.returncode != 0 and '"rows" is not mapped' in result.stderr, result
+
+
+def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
+    export_convnet(str(tmp_path))
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["data.bin", "init.mlirbc", "job.json", "step.mlirbc"], files  # no fixtures
+    job = json.load(open(tmp_path / "job.json"))
+    assert job["mesh"]["axes"] == ["data", "model"]
+    assert {e["dtype"] for e in job["programs"]["init"]["outputs"]} == {"bf16", "f32", "s32"}
+    expected = jax_losses()
+
+    client = cluster.client
+    job_id = client.submit(str(tmp_path), steps=STEPS, cadence=1)
+    steps, losses = [], {}
+    for summary in client.watch(job_id):
+        steps.append(summary.step)
+        for v in summary.values:
+            if v.name == "metrics.loss":
+                losses[summary.step] = v.values[0]
+    manifest = client.wait(job_id, timeout=120)
+    assert meshrun.v1.job_pb2.JobState.Name(manifest.state) == "JOB_STATE_SUCCEEDED", (
+        str(manifest) + cluster.logs())
+    assert steps == sorted(set(steps)), steps  # each summary once, in order
+    got = [losses[s] for s in sorted(losses)]
+    assert len(got) == STEPS, (losses, cluster.logs())
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+    assert job_id in [j.job_id for j in client.list()]
+    rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
+    assert [r["value"] for r in rows] == pytest.approx(got, rel=1e-6)
+    worker_metrics = client.metrics()
+    assert "worker-0" in worker_metrics
+
+    # The CLI's --output=json: the same messages, parseable.
+    for args, check in (
+            (("get", job_id), lambda m: m["state"] == "JOB_STATE_SUCCEEDED"
+             and int(m["last_step"]) == STEPS),
+            (("list",), lambda m: job_id in [j["job_id"] for j in m["jobs"]]),
+            (("workers",), lambda m: len(m["workers"]) == 2),
+            (("metrics",), lambda m: {h["host"] for h in m["hosts"]} >= {"worker-0"})):
+        result = cluster.cli("--output=json", *args)
+        assert result.returncode == 0 and check(json.loads(result.stdout)), result
+
+
+def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
+    import subprocess
+    from conftest import _bin
+    env = dict(os.environ, MESHRUN_COORDINATOR=cluster.address)
+    result = subprocess.run([_bin("meshrun"), "workers"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and "worker-0" in result.stdout, result
+    monkeypatch.setenv("MESHRUN_COORDINATOR", cluster.address)
+    with meshrun.Client(timeout=10) as client:
+        assert client.address == cluster.address and len(client.workers()) == 2
+
+
+def test_cli_exit_codes():
+    import subprocess
+    from conftest import _bin
+    if not os.path.exists(_bin("meshrun")):
+        pytest.skip("MESHRUN_BIN_DIR does not hold the meshrun binaries")
+    run = lambda *a: subprocess.run([_bin("meshrun"), *a], capture_output=True, timeout=60)
+    assert run("no-such-command").returncode == 2
+    assert run("get").returncode == 2
+    assert run("--coordinator=127.0.0.1:1", "--timeout=2s", "list").returncode == 3
+
+
+def test_running_job_shows_its_current_step_and_cancels(tmp_path, cluster):
+    import time
+    export_convnet(str(tmp_path))
+    client = cluster.client
+    job_id = client.submit(str(tmp_path), steps=1_000_000, cadence=5)
+    deadline = time.monotonic() + 90
+    state_name = meshrun.v1.job_pb2.JobState.Name
+    while True:
+        manifest = client.get(job_id)
+        if state_name(manifest.state) == "JOB_STATE_RUNNING" and manifest.last_step >= 10:
+            break
+        assert time.monotonic() < deadline, str(manifest) + cluster.logs()
+        time.sleep(0.2)
+    listed = {j.job_id: j for j in client.list()}[job_id]
+    assert listed.last_step >= manifest.last_step and listed.last_step % 5 == 0
+    client.cancel(job_id)
+    assert state_name(client.wait(job_id, timeout=60).state) == "JOB_STATE_CANCELLED"
