@@ -173,7 +173,8 @@ int Workers() {
                                workers.status().message()), 1);
   }
   if (workers->coordinator_insecure()) {
-    std::fprintf(stderr, "WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): "
+    std::fprintf(JsonOutput() ? stderr : stdout,  // JSON output stays parseable
+                 "WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): "
                  "anyone who reaches it can run code on the workers; see docs/security.md\n");
   }
   int alive = 0;
