@@ -1,6 +1,6 @@
-// Reading checkpoints JAX/Orbax itself wrote (docs/checkpoints.md, "Resuming from a checkpoint
-// JAX wrote"): Orbax's PyTreeCheckpointHandler with use_ocdbt=False writes one zarr v2 array
-// per leaf, zstd-compressed by default, plus _METADATA (the tree) and no meshrun manifest. These
+// Reading checkpoints JAX/Orbax itself wrote (docs/checkpoints_from_jax.md): Orbax's
+// PyTreeCheckpointHandler with use_ocdbt=False writes one zarr v2 array per leaf,
+// zstd-compressed by default, plus _METADATA (the tree) and no meshrun manifest. These
 // functions describe such a directory as a CheckpointManifest so the ordinary restore path
 // (ReadArray, the worker's RestoreState, submit's validation) reads it.
 //

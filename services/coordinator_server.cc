@@ -16,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "coordinator/goodput.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/mesh_planner.h"
 #include "services/runtime_setup.h"
@@ -127,12 +128,17 @@ absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
   ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
   *response = WithoutPrograms(std::move(job));
+  coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), response);
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
                                              v1::ListJobsResponse* response) {
-  for (v1::JobManifest& job : jobs_->List()) *response->add_jobs() = WithoutPrograms(job);
+  for (v1::JobManifest& job : jobs_->List()) {
+    v1::JobManifest* out = response->add_jobs();
+    *out = WithoutPrograms(job);
+    coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), out);
+  }
   return absl::OkStatus();
 }
 

@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "meshrun/v1/job.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
+#include "coordinator/goodput.h"
 #include "telemetry/history_store.h"
 #include "telemetry/step_combiner.h"
 #include "telemetry/watch_hub.h"
@@ -65,6 +66,8 @@ class CoordinatorTelemetry {
 
   telemetry::WatchHub& hub() { return *hub_; }
   telemetry::HistoryStore& history() { return *history_; }
+  // Each job's step times from its committed summaries (goodput, coordinator/goodput.h).
+  const coordinator::StepTimes& step_times() const { return step_times_; }
 
  private:
   CoordinatorTelemetry() = default;
@@ -76,6 +79,7 @@ class CoordinatorTelemetry {
 
   std::unique_ptr<telemetry::HistoryStore> history_;
   std::unique_ptr<telemetry::WatchHub> hub_;
+  coordinator::StepTimes step_times_;
   std::unique_ptr<telemetry::StepCombiner> combiner_;
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
