@@ -91,7 +91,8 @@ std::string JobTable::Add(const v1::JobSpec& spec) {
   *job.mutable_spec() = spec;
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
-  (*job.mutable_state_entered_unix_micros())[JobStateName(job.state())] = job.created_unix_micros();
+  (*job.mutable_state_entered_unix_micros())[JobStateName(job.state())] =
+      job.created_unix_micros();
   order_.push_back(id);
   ChangedLocked(job);
   return id;
