@@ -52,7 +52,11 @@ TEST(LayoutTest, ZarrMetadataRoundTrips) {
   EXPECT_EQ(parsed->dtype, DType::kBF16);
   EXPECT_EQ(parsed->shape, (std::vector<int64_t>{4, 6}));
   EXPECT_EQ(parsed->chunks, (std::vector<int64_t>{4, 3}));
-  EXPECT_EQ(ParseZarrArray(R"({"zarr_format":2,"compressor":{"id":"zstd"},"dtype":"<f4",)"
+  auto zstd = ParseZarrArray(R"({"zarr_format":2,"compressor":{"id":"zstd","level":1},)"
+                             R"("dtype":"<f4","shape":[2],"chunks":[2]})");
+  ASSERT_TRUE(zstd.ok()) << zstd.status();
+  EXPECT_EQ(zstd->compressor, "zstd");
+  EXPECT_EQ(ParseZarrArray(R"({"zarr_format":2,"compressor":{"id":"blosc"},"dtype":"<f4",)"
                            R"("shape":[2],"chunks":[2]})")
                 .status()
                 .code(),

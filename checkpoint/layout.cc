@@ -178,12 +178,18 @@ absl::StatusOr<ZarrArray> ParseZarrArray(const std::string& json) {
   if (format == nullptr || format->number_value() != 2) {
     return absl::InvalidArgumentError(".zarray zarr_format is not 2");
   }
-  for (const char* none : {"compressor", "filters"}) {
-    const auto* v = get(none);
-    if (v != nullptr && !v->has_null_value()) {
+  if (const auto* filters = get("filters"); filters != nullptr && !filters->has_null_value()) {
+    return absl::InvalidArgumentError(
+        ".zarray filters is set; meshrun reads arrays without filters only");
+  }
+  std::string compressor;
+  if (const auto* c = get("compressor"); c != nullptr && !c->has_null_value()) {
+    const auto id = c->struct_value().fields().find("id");
+    compressor = id == c->struct_value().fields().end() ? "" : id->second.string_value();
+    if (compressor != "zstd") {
       return absl::InvalidArgumentError(absl::StrCat(
-          ".zarray ", none, " is set; meshrun reads uncompressed chunks only (write the "
-          "checkpoint with compression off)"));
+          ".zarray compressor is \"", compressor, "\"; meshrun reads uncompressed or zstd "
+          "chunks only (Orbax's default)"));
     }
   }
   if (const auto* order = get("order"); order != nullptr && order->string_value() != "C") {
@@ -200,6 +206,7 @@ absl::StatusOr<ZarrArray> ParseZarrArray(const std::string& json) {
     return absl::InvalidArgumentError(".zarray lacks dtype, shape or chunks");
   }
   ZarrArray out;
+  out.compressor = compressor;
   ASSIGN_OR_RETURN(out.dtype, ParseZarrDType(dtype->string_value()));
   ASSIGN_OR_RETURN(out.shape, IntList(*shape, "shape"));
   ASSIGN_OR_RETURN(out.chunks, IntList(*chunks, "chunks"));

@@ -62,9 +62,10 @@ struct ZarrArray {
   runtime::DType dtype = runtime::DType::kInvalid;
   std::vector<int64_t> shape;
   std::vector<int64_t> chunks;
+  std::string compressor;  // "" (none) or "zstd"
 };
-// Errors: INVALID_ARGUMENT naming the field (not zarr v2, a compressor or filter other than
-// none, Fortran order, a "/" dimension separator, an unknown dtype).
+// Errors: INVALID_ARGUMENT naming the field (not zarr v2, a compressor other than none or
+// zstd, a filter, Fortran order, a "/" dimension separator, an unknown dtype).
 absl::StatusOr<ZarrArray> ParseZarrArray(const std::string& json);
 
 // Orbax's tree metadata (_METADATA) for the manifest's arrays, and its step metadata

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/orbax_read.h"
 #include "common/file_sync.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
@@ -196,6 +197,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
     return absl::NotFoundError(absl::StrCat(path, " is not a directory"));
   }
   if (fs::exists(fs::path(path) / kManifestFile)) return path;
+  if (std::string item = OrbaxItemDir(path); !item.empty()) return item;
   const std::string name = fs::path(path).filename().string();
   int64_t step = 0;
   if (IsStepName(name, &step) || name.find(kTempSuffix) != std::string::npos) {
@@ -204,11 +206,22 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
         "): its hosts never all reported, so it was not committed; use an earlier step"));
   }
   std::vector<int64_t> steps = CommittedSteps(path);
+  // Steps Orbax committed (a CheckpointManager directory) count too.
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(path, error)) {
+    int64_t step = 0;
+    if (entry.is_directory() && IsStepName(entry.path().filename().string(), &step) &&
+        !OrbaxItemDir(entry.path().string()).empty()) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
   if (steps.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " holds no committed checkpoint (no <step>/", kManifestFile, ")"));
+        absl::StrCat(path, " holds no committed checkpoint (no <step>/", kManifestFile,
+                     ", nor an Orbax <step>/_METADATA)"));
   }
-  return StepDir(path, steps.back());
+  return ResolveCheckpoint(StepDir(path, steps.back()));
 }
 
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
@@ -216,6 +229,7 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
   if (resolved != step_dir) {
     return absl::FailedPreconditionError(absl::StrCat(step_dir, " is not a step directory"));
   }
+  if (!fs::exists(fs::path(step_dir) / kManifestFile)) return ManifestFromOrbax(step_dir);
   ASSIGN_OR_RETURN(std::string json, ReadFile((fs::path(step_dir) / kManifestFile).string()));
   v1::CheckpointManifest manifest;
   if (!google::protobuf::util::JsonStringToMessage(json, &manifest).ok()) {
@@ -239,36 +253,50 @@ absl::StatusOr<runtime::HostArray> ReadArray(const std::string& step_dir,
   int64_t chunk_bytes = element;
   for (int64_t n : chunk) chunk_bytes *= n;
   std::set<std::string> seen;
+  // A checkpoint Orbax wrote (no meshrun manifest): no sha256 to check, and zarr v2's padded
+  // edge chunks (orbax_read.h).
+  const bool foreign = !fs::exists(fs::path(step_dir) / kManifestFile);
   for (const v1::CheckpointChunk& c : array.chunks()) {
     const std::string where = absl::StrCat("array ", array.name(), " chunk ", c.key(), " (",
                                            step_dir, "/", array.leaf(), "/", c.key(), ")");
     absl::StatusOr<std::string> bytes = ReadFile((fs::path(step_dir) / array.leaf() / c.key()).string());
     if (!bytes.ok()) return absl::DataLossError(absl::StrCat(where, " is missing"));
+    if (!array.compressor().empty()) {
+      bytes = DecodeChunk(array.compressor(), *std::move(bytes), static_cast<size_t>(chunk_bytes));
+      if (!bytes.ok()) {
+        return absl::DataLossError(absl::StrCat(where, ": ", bytes.status().message()));
+      }
+    }
     if (static_cast<int64_t>(bytes->size()) != chunk_bytes) {
       return absl::DataLossError(absl::StrCat(where, " holds ", bytes->size(), " bytes, expected ",
                                               chunk_bytes, " (truncated?)"));
     }
-    if (Sha256Hex(*bytes) != c.sha256()) {
+    if (!foreign && Sha256Hex(*bytes) != c.sha256()) {
       return absl::DataLossError(absl::StrCat(where, " does not match its sha256: corrupted"));
     }
-    std::vector<int64_t> start;
+    std::vector<int64_t> start, size = chunk;
     if (!dims.empty()) {
       std::vector<std::string> parts = absl::StrSplit(c.key(), '.');
       if (parts.size() != dims.size()) return absl::DataLossError(where + ": malformed key");
       for (size_t i = 0; i < dims.size(); ++i) {
         int64_t g = 0;
-        if (!absl::SimpleAtoi(parts[i], &g) || g < 0 || (g + 1) * chunk[i] > dims[i]) {
+        // zarr v2 pads an edge chunk to the full chunk shape; meshrun's chunks tile exactly.
+        if (!absl::SimpleAtoi(parts[i], &g) || g < 0 || g * chunk[i] >= dims[i] ||
+            (!foreign && (g + 1) * chunk[i] > dims[i])) {
           return absl::DataLossError(where + ": key outside the array");
         }
         start.push_back(g * chunk[i]);
+        size[i] = std::min(chunk[i], dims[i] - start[i]);
       }
     }
     CopyBlock(bytes->data(), chunk, std::vector<int64_t>(dims.size(), 0), out.bytes.data(), dims,
-              start, chunk, element);
+              start, size, element);
     seen.insert(c.key());
   }
   int64_t expected = 1;
-  for (size_t i = 0; i < dims.size(); ++i) expected *= chunk[i] == 0 ? 0 : dims[i] / chunk[i];
+  for (size_t i = 0; i < dims.size(); ++i) {
+    expected *= chunk[i] == 0 ? 0 : (dims[i] + chunk[i] - 1) / chunk[i];
+  }
   if (static_cast<int64_t>(seen.size()) != expected) {
     return absl::DataLossError(absl::StrCat("array ", array.name(), " has ", seen.size(),
                                             " of its ", expected, " chunks in ", step_dir));

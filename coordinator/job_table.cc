@@ -91,6 +91,8 @@ std::string JobTable::Add(const v1::JobSpec& spec) {
   *job.mutable_spec() = spec;
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
+  (*job.mutable_state_entered_unix_micros())[JobStateName(job.state())] =
+      job.created_unix_micros();
   order_.push_back(id);
   ChangedLocked(job);
   return id;
@@ -103,6 +105,8 @@ absl::Status JobTable::TransitionLocked(v1::JobManifest& job, v1::JobState to) {
                                                       "; it cannot become ", JobStateName(to)));
   }
   job.set_state(to);
+  (*job.mutable_state_entered_unix_micros())[JobStateName(to)] =
+      absl::ToUnixMicros(config_.clock->Now());
   if (IsFinal(to)) job.set_finished_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
   return absl::OkStatus();
 }

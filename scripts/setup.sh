@@ -16,6 +16,8 @@ packages=(
   python3 python3-venv python3-pip
   fortunes chromium curl
 )
+# Checkpoints: zstd, to read the chunks Orbax compresses (checkpoint/orbax_read.cc).
+packages+=(libzstd-dev)
 # Node.js: Debian's, unless a node with npm is already installed.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

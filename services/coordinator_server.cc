@@ -17,6 +17,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "coordinator/goodput.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/mesh_planner.h"
 #include "services/runtime_setup.h"
@@ -143,6 +144,7 @@ absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
     }
   }
   telemetry_->ShowLiveStep(response);  // sdk: a running job's current step
+  coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), response);
   return absl::OkStatus();
 }
 
@@ -156,6 +158,7 @@ absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
       listed->add_straggler_hosts(host);
     }
     telemetry_->ShowLiveStep(listed);  // sdk: a running job's current step
+    coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), listed);
   }
   return absl::OkStatus();
 }

@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
                spdlog::error("telemetry history: {}", s.ToString());
                return;
              }
+             self->step_times_.Add(summary);
              if (absl::Status s = self->hub_->Publish(summary); !s.ok()) {
                spdlog::warn("telemetry publish: {}", s.ToString());
              }

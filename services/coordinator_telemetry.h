@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/straggler_detector.h"
+#include "coordinator/goodput.h"
 #include "meshrun/v1/job.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
 #include "telemetry/history_store.h"
@@ -86,6 +87,8 @@ class CoordinatorTelemetry {
 
   telemetry::WatchHub& hub() { return *hub_; }
   telemetry::HistoryStore& history() { return *history_; }
+  // Each job's step times from its committed summaries (goodput, coordinator/goodput.h).
+  const coordinator::StepTimes& step_times() const { return step_times_; }
 
  private:
   CoordinatorTelemetry() = default;
@@ -98,6 +101,7 @@ class CoordinatorTelemetry {
   std::function<absl::Status(const std::string&, const std::string&)> admit_;
   std::unique_ptr<telemetry::HistoryStore> history_;
   std::unique_ptr<telemetry::WatchHub> hub_;
+  coordinator::StepTimes step_times_;
   std::unique_ptr<telemetry::StepCombiner> combiner_;
   std::unique_ptr<coordinator::StragglerDetector> stragglers_;
   mutable absl::Mutex steps_mu_;

@@ -86,6 +86,23 @@ std::string EnumLabel(const std::string& name, const char* prefix) {
   return absl::AsciiStrToLower(absl::StripPrefix(name, prefix));
 }
 
+// Each job's goodput (coordinator/goodput.h): the ratio, and badput seconds by cause.
+absl::Status AddGoodput(const v1::ListJobsResponse& jobs, telemetry::PrometheusText& out) {
+  RETURN_IF_ERROR(out.Declare("meshrun_job_goodput_ratio", telemetry::MetricType::kGauge,
+                              "Productive step time over the job's wall time."));
+  RETURN_IF_ERROR(out.Declare("meshrun_job_badput_seconds", telemetry::MetricType::kGauge,
+                              "The job's wall time not spent in steps that count, by cause."));
+  for (const v1::JobManifest& job : jobs.jobs()) {
+    RETURN_IF_ERROR(out.Add("meshrun_job_goodput_ratio", {{"job", job.job_id()}},
+                            job.goodput().ratio()));
+    for (const auto& [cause, seconds] : job.goodput().badput_seconds()) {
+      RETURN_IF_ERROR(out.Add("meshrun_job_badput_seconds",
+                              {{"job", job.job_id()}, {"cause", cause}}, seconds));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DashboardApi>> DashboardApi::Create(Config config) {
@@ -253,6 +270,7 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
       RETURN_IF_ERROR(out.Add("meshrun_host_straggler", {{"job_id", id}, {"host", host}}, 1));
     }
   }
+  RETURN_IF_ERROR(AddGoodput(jobs, out));
 
   // Workers, from the registry.
   v1::ListWorkersResponse workers;

@@ -1,0 +1,104 @@
+#include "coordinator/goodput.h"
+
+#include <algorithm>
+
+namespace meshrun::coordinator {
+namespace {
+
+// Seconds between two of the job's state entries; 0 when either is unknown or out of order.
+double Between(const v1::JobManifest& job, const char* from, const char* to) {
+  const auto& entered = job.state_entered_unix_micros();
+  auto a = entered.find(from), b = entered.find(to);
+  if (a == entered.end() || b == entered.end() || b->second < a->second) return 0;
+  return static_cast<double>(b->second - a->second) / 1e6;
+}
+
+}  // namespace
+
+void StepTimes::Add(const v1::GlobalSummary& summary) {
+  absl::MutexLock lock(&mu_);
+  StepTiming& t = jobs_[summary.job_id()];
+  std::map<int64_t, double>& steps = steps_[summary.job_id()];
+  const absl::Time wall = absl::FromUnixMicros(summary.wall_time_unix_micros());
+  if (!steps.empty() && summary.step() <= t.last_step) {
+    // A rewind: the steps from here on are computed again; what they took before is badput.
+    const double mean = t.sampled_seconds / static_cast<double>(std::max<int64_t>(t.samples, 1));
+    const int64_t lost = t.last_step - summary.step() + 1;
+    t.rerun_seconds += mean * static_cast<double>(lost);
+    for (auto it = steps.lower_bound(summary.step()); it != steps.end();) {
+      t.sampled_seconds -= it->second;
+      --t.samples;
+      it = steps.erase(it);
+    }
+    t.last_step = summary.step() - 1;
+  }
+  if (steps.empty()) {
+    t.first_step = summary.step();
+    t.first_step_wall = wall;
+    t.first_step_seconds = summary.step_time_seconds();
+  }
+  steps[summary.step()] = summary.step_time_seconds();
+  t.sampled_seconds += summary.step_time_seconds();
+  ++t.samples;
+  t.last_step = std::max(t.last_step, summary.step());
+}
+
+std::optional<StepTiming> StepTimes::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.samples == 0) return std::nullopt;
+  return it->second;
+}
+
+v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timing,
+                              absl::Time now) {
+  v1::JobGoodput out;
+  const absl::Time created = absl::FromUnixMicros(job.created_unix_micros());
+  const absl::Time end =
+      job.finished_unix_micros() > 0 ? absl::FromUnixMicros(job.finished_unix_micros()) : now;
+  const double wall = std::max(0.0, absl::ToDoubleSeconds(end - created));
+  out.set_wall_seconds(wall);
+  auto& badput = *out.mutable_badput_seconds();
+  badput["waiting_for_hosts"] = Between(job, "PENDING", "ASSIGNED");
+  badput["compile"] = job.compile_seconds();
+  badput["executable_transfer"] = Between(job, "LOADING", "RUNNING");
+  double blocking = 0;
+  for (const v1::CheckpointRecord& c : job.checkpoints()) blocking += c.blocking_seconds();
+  badput["checkpoint_blocking"] = blocking;
+  const char* startup = job.restored_step() > 0 ? "restore" : "init";
+  badput[startup] = 0;
+  badput["rerun_steps"] = 0;
+  double productive = 0;
+  if (timing != nullptr && timing->samples > 0) {
+    const double mean = timing->sampled_seconds / static_cast<double>(timing->samples);
+    // Steps before the first summarized one (cadence > 1) at the mean step time.
+    const int64_t base = std::max<int64_t>(job.restored_step(), 0);
+    const int64_t kept = std::max<int64_t>(timing->last_step - base, 0);
+    productive = mean * static_cast<double>(kept);
+    badput["rerun_steps"] = timing->rerun_seconds;
+    // Running until the first step started: init, or the checkpoint's restore.
+    auto running = job.state_entered_unix_micros().find("RUNNING");
+    if (running != job.state_entered_unix_micros().end()) {
+      const absl::Time first_start =
+          timing->first_step_wall - absl::Seconds(timing->first_step_seconds) -
+          absl::Seconds(mean * static_cast<double>(std::max<int64_t>(
+                                   timing->first_step - base - 1, 0)));
+      badput[startup] = std::max(
+          0.0, absl::ToDoubleSeconds(first_start - absl::FromUnixMicros(running->second)));
+    }
+  }
+  productive = std::min(productive, wall);
+  out.set_productive_seconds(productive);
+  double accounted = productive;
+  for (const auto& [cause, seconds] : badput) accounted += seconds;
+  badput["other"] = std::max(0.0, wall - accounted);
+  out.set_ratio(wall > 0 ? productive / wall : 0);
+  return out;
+}
+
+void FillGoodput(const StepTimes& times, absl::Time now, v1::JobManifest* job) {
+  const std::optional<StepTiming> timing = times.Get(job->job_id());
+  *job->mutable_goodput() = ComputeGoodput(*job, timing ? &*timing : nullptr, now);
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,95 @@
+// Goodput from a job's state timestamps, compile time, checkpoint blocking and the step times of
+// its summaries, including a rewind's re-run steps.
+#include "coordinator/goodput.h"
+
+#include <gtest/gtest.h>
+
+namespace meshrun::coordinator {
+namespace {
+
+constexpr int64_t kStart = 1'000'000'000'000'000;  // unix micros
+
+v1::GlobalSummary Summary(int64_t step, double seconds, double wall_after_start) {
+  v1::GlobalSummary s;
+  s.set_job_id("job-1");
+  s.set_step(step);
+  s.set_step_time_seconds(seconds);
+  s.set_wall_time_unix_micros(kStart + static_cast<int64_t>(wall_after_start * 1e6));
+  return s;
+}
+
+v1::JobManifest Job() {
+  v1::JobManifest job;
+  job.set_job_id("job-1");
+  job.set_created_unix_micros(kStart);
+  auto& entered = *job.mutable_state_entered_unix_micros();
+  entered["PENDING"] = kStart;
+  entered["ASSIGNED"] = kStart + 2'000'000;  // 2 s waiting for hosts
+  entered["LOADING"] = kStart + 5'000'000;   // compile 2.5 s of the 3 s assigned
+  entered["RUNNING"] = kStart + 6'000'000;   // 1 s transferring executables
+  job.set_compile_seconds(2.5);
+  job.set_finished_unix_micros(kStart + 20'000'000);
+  v1::CheckpointRecord* c = job.add_checkpoints();
+  c->set_blocking_seconds(0.25);
+  return job;
+}
+
+TEST(GoodputTest, EveryStepSummarized) {
+  StepTimes times;
+  // Init takes 2 s after RUNNING (6 s): step 1 starts at 8 s; 10 steps of 1 s each.
+  for (int s = 1; s <= 10; ++s) times.Add(Summary(s, 1.0, 8.0 + s));
+  v1::JobManifest job = Job();
+  FillGoodput(times, absl::Now(), &job);
+  const v1::JobGoodput& g = job.goodput();
+  EXPECT_DOUBLE_EQ(g.wall_seconds(), 20);
+  EXPECT_DOUBLE_EQ(g.productive_seconds(), 10);
+  EXPECT_DOUBLE_EQ(g.ratio(), 0.5);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("waiting_for_hosts"), 2);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("compile"), 2.5);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("executable_transfer"), 1);
+  EXPECT_NEAR(g.badput_seconds().at("init"), 2, 1e-9);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("checkpoint_blocking"), 0.25);
+  // 20 - 10 - 2 - 2.5 - 1 - 2 - 0.25
+  EXPECT_NEAR(g.badput_seconds().at("other"), 2.25, 1e-9);
+}
+
+TEST(GoodputTest, CadenceAndRewind) {
+  StepTimes times;
+  // A summary every 10 steps, 0.5 s per step; steps 1..30 then a rewind to step 21 (restored
+  // from the checkpoint at 20): steps 21..30 are computed twice.
+  for (int s = 10; s <= 30; s += 10) times.Add(Summary(s, 0.5, 7.0 + 0.5 * s));
+  for (int s = 30; s <= 40; s += 10) times.Add(Summary(s, 0.5, 20.0 + 0.5 * s));
+  auto timing = times.Get("job-1");
+  ASSERT_TRUE(timing.has_value());
+  EXPECT_EQ(timing->last_step, 40);
+  EXPECT_EQ(timing->samples, 4);  // 10, 20, the new 30, 40
+  v1::JobManifest job = Job();
+  job.set_finished_unix_micros(kStart + 60'000'000);
+  const v1::JobGoodput g = ComputeGoodput(job, &*timing, absl::Now());
+  EXPECT_DOUBLE_EQ(g.productive_seconds(), 20);  // 40 steps of 0.5 s, each once
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("rerun_steps"), 0.5);  // one sampled step lost
+  EXPECT_NEAR(g.ratio(), 20.0 / 60.0, 1e-12);
+}
+
+TEST(GoodputTest, ResumedJobCountsFromItsRestoredStep) {
+  StepTimes times;
+  for (int s = 101; s <= 110; ++s) times.Add(Summary(s, 1.0, 10.0 + (s - 100)));
+  v1::JobManifest job = Job();
+  job.set_restored_step(100);
+  FillGoodput(times, absl::Now(), &job);
+  EXPECT_DOUBLE_EQ(job.goodput().productive_seconds(), 10);
+  EXPECT_NEAR(job.goodput().badput_seconds().at("restore"), 4, 1e-9);  // 6 s -> 10 s
+  EXPECT_EQ(job.goodput().badput_seconds().count("init"), 0);
+}
+
+TEST(GoodputTest, NoStepYet) {
+  StepTimes times;
+  v1::JobManifest job = Job();
+  job.clear_finished_unix_micros();
+  FillGoodput(times, absl::FromUnixMicros(kStart + 4'000'000), &job);
+  EXPECT_DOUBLE_EQ(job.goodput().wall_seconds(), 4);
+  EXPECT_DOUBLE_EQ(job.goodput().ratio(), 0);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator
