@@ -77,14 +77,16 @@ netns_cluster() {
   netns_node cli 10.213.0.2
   netns_node host-a 10.213.0.11
   netns_node host-b 10.213.0.12
-  netns_spawn coord "$bin/meshrun-coordinator" --listen=10.213.0.10:0 \
+  # Plaintext beyond loopback needs --insecure (docs/security.md); these addresses exist only
+  # inside the test's own namespaces.
+  netns_spawn coord "$bin/meshrun-coordinator" --listen=10.213.0.10:0 --insecure \
     --state_dir="$tmp/coordinator" "$@" >"$tmp/coordinator.log" 2>&1 &
   pids+=($!)
   await_coordinator "$tmp/coordinator.log"
   local spec host address index
   for spec in host-a:10.213.0.11:0 host-b:10.213.0.12:1; do
     IFS=: read -r host address index <<<"$spec"
-    netns_spawn "$host" "$bin/meshrun-worker" --listen="$address:0" \
+    netns_spawn "$host" "$bin/meshrun-worker" --listen="$address:0" --insecure \
       --coordinator="10.213.0.10:$port" --host="$host" --worker_index="$index" \
       --cpu_devices=4 --state_dir="$tmp/$host" >"$tmp/$host.log" 2>&1 &
     pids+=($!)
