@@ -12,6 +12,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -34,8 +35,11 @@ absl::Status FileError(const std::string& what, const std::string& path, int err
   return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(error)));
 }
 
-// Writes `bytes` to `path` and fsyncs it.
-absl::Status WriteFileSynced(const std::string& path, absl::string_view bytes) {
+enum class Sync { kNow, kLater };
+
+// Writes `bytes` to `path`. kNow fsyncs it before returning; kLater only starts its write-back,
+// and the caller fsyncs it later (SyncFile), so that many files share the disk's flushes.
+absl::Status WriteFile(const std::string& path, absl::string_view bytes, Sync sync) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return FileError("creating", path, errno);
   size_t done = 0;
@@ -49,17 +53,32 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view bytes) {
     }
     done += static_cast<size_t>(n);
   }
-  const int sync_error = FsyncInPieces(fd);
+  const int sync_error = sync == Sync::kNow ? FsyncInPieces(fd)
+                         : ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0 ? 0
+                                                                                   : errno;
   ::close(fd);
   if (sync_error != 0) return FileError("fsyncing", path, sync_error);
   return absl::OkStatus();
 }
 
+absl::Status WriteFileSynced(const std::string& path, absl::string_view bytes) {
+  return WriteFile(path, bytes, Sync::kNow);
+}
+
+absl::Status SyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FileError("opening", path, errno);
+  const int error = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  if (error != 0) return FileError("fsyncing", path, error);
+  return absl::OkStatus();
+}
+
 // Whole-file write under a private name, then rename: readers and other writers of the same
-// file never see half of it.
-absl::Status ReplaceFileSynced(const std::string& path, absl::string_view bytes) {
+// file never see half of it. Synced later (SyncFile on `path`).
+absl::Status ReplaceFile(const std::string& path, absl::string_view bytes) {
   const std::string temp = absl::StrCat(path, ".", ::getpid(), ".tmp");
-  RETURN_IF_ERROR(WriteFileSynced(temp, bytes));
+  RETURN_IF_ERROR(WriteFile(temp, bytes, Sync::kLater));
   if (::rename(temp.c_str(), path.c_str()) != 0) return FileError("renaming to", path, errno);
   return absl::OkStatus();
 }
@@ -103,15 +122,8 @@ std::string TempStepDir(const std::string& root, int64_t step) {
 
 absl::StatusOr<std::vector<v1::CheckpointArray>> WriteChunks(
     const std::string& temp_dir, const std::vector<ArrayChunks>& arrays) {
-  RETURN_IF_ERROR(MakeDirs(temp_dir));
   std::vector<v1::CheckpointArray> written;
   for (const ArrayChunks& entry : arrays) {
-    const std::string dir = (fs::path(temp_dir) / entry.array.leaf()).string();
-    RETURN_IF_ERROR(MakeDirs(dir));
-    ASSIGN_OR_RETURN(std::string zarray, ZarrArrayJson(entry.array));
-    RETURN_IF_ERROR(ReplaceFileSynced((fs::path(dir) / ".zarray").string(), zarray));
-    v1::CheckpointArray out = entry.array;
-    out.clear_chunks();
     int64_t chunk_elements = 1;
     for (int64_t n : entry.array.chunk_shape()) chunk_elements *= n;
     for (const Chunk& chunk : entry.chunks) {
@@ -120,16 +132,51 @@ absl::StatusOr<std::vector<v1::CheckpointArray>> WriteChunks(
             entry.array.name(), " chunk ", chunk.key, " holds ", chunk.data.shape.NumElements(),
             " elements, its chunk shape ", chunk_elements));
       }
-      RETURN_IF_ERROR(WriteFileSynced((fs::path(dir) / chunk.key).string(), chunk.data.bytes));
-      v1::CheckpointChunk* record = out.add_chunks();
-      record->set_key(chunk.key);
-      record->set_sha256(Sha256Hex(chunk.data.bytes));
-      record->set_bytes(static_cast<int64_t>(chunk.data.bytes.size()));
     }
-    RETURN_IF_ERROR(SyncDir(dir));
+  }
+  // The checksums are computed on a thread of their own while this one writes.
+  std::vector<std::vector<std::string>> digests(arrays.size());
+  std::thread hasher([&] {
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      for (const Chunk& chunk : arrays[a].chunks) {
+        digests[a].push_back(Sha256Hex(chunk.data.bytes));
+      }
+    }
+  });
+  // Every file is written first and synced after: one fsync per file right after its write
+  // would wait for a journal commit each time.
+  std::vector<std::string> files, dirs;
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(MakeDirs(temp_dir));
+    for (const ArrayChunks& entry : arrays) {
+      const std::string dir = (fs::path(temp_dir) / entry.array.leaf()).string();
+      RETURN_IF_ERROR(MakeDirs(dir));
+      dirs.push_back(dir);
+      ASSIGN_OR_RETURN(std::string zarray, ZarrArrayJson(entry.array));
+      files.push_back((fs::path(dir) / ".zarray").string());
+      RETURN_IF_ERROR(ReplaceFile(files.back(), zarray));
+      for (const Chunk& chunk : entry.chunks) {
+        files.push_back((fs::path(dir) / chunk.key).string());
+        RETURN_IF_ERROR(WriteFile(files.back(), chunk.data.bytes, Sync::kLater));
+      }
+    }
+    for (const std::string& file : files) RETURN_IF_ERROR(SyncFile(file));
+    for (const std::string& dir : dirs) RETURN_IF_ERROR(SyncDir(dir));
+    return SyncDir(temp_dir);
+  }();
+  hasher.join();
+  RETURN_IF_ERROR(status);
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    v1::CheckpointArray out = arrays[a].array;
+    out.clear_chunks();
+    for (size_t c = 0; c < arrays[a].chunks.size(); ++c) {
+      v1::CheckpointChunk* record = out.add_chunks();
+      record->set_key(arrays[a].chunks[c].key);
+      record->set_sha256(digests[a][c]);
+      record->set_bytes(static_cast<int64_t>(arrays[a].chunks[c].data.bytes.size()));
+    }
     written.push_back(std::move(out));
   }
-  RETURN_IF_ERROR(SyncDir(temp_dir));
   return written;
 }
 

@@ -445,6 +445,15 @@ int Watch(const std::vector<std::string>& args) {
       std::fflush(stdout);
       continue;
     }
+    if (summary.has_rewind()) {  // the job restarted: the steps after summary.step() come again
+      const v1::JobRewind& r = summary.rewind();
+      std::printf("-- run %d: restarted from the checkpoint of step %lld (%lld steps run again)"
+                  "; %s: %s\n",
+                  r.attempt(), static_cast<long long>(summary.step()),
+                  static_cast<long long>(r.steps_lost()), r.host().c_str(), r.cause().c_str());
+      std::fflush(stdout);
+      continue;
+    }
     if (!header) {
       std::printf("%8s", "STEP");
       for (const v1::TelemetryValue& v : summary.values()) {

@@ -68,6 +68,7 @@ v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
   setup.set_job_id(job.job_id());
   *setup.mutable_host_incarnations() = job.host_incarnations();
   *setup.mutable_mesh() = job.mesh();
+  *setup.mutable_attempts() = job.attempts();  // which run's summaries are taken
   *setup.mutable_spec()->mutable_telemetry() = job.spec().telemetry();
   return setup;
 }
@@ -75,6 +76,7 @@ v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
 
 absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
   const v1::JobManifest setup = CollectionSetup(job);
+  SetRun(job.job_id(), job.attempts_size(), std::nullopt);
   RETURN_IF_ERROR(StartCombining(setup, 0));
   std::vector<std::string> hosts;
   for (const auto& [host, incarnation] : job.host_incarnations()) hosts.push_back(host);
@@ -83,11 +85,40 @@ absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
 }
 
 absl::Status CoordinatorTelemetry::RestartJob(const v1::JobManifest& job) {
-  absl::StatusOr<int64_t> emitted = combiner_->AbandonJob(job.job_id());
-  if (!emitted.ok()) return StartJob(job);  // the old run never started collecting
+  if (!combiner_->AbandonJob(job.job_id()).ok()) {
+    return StartJob(job);  // the old run never started collecting
+  }
+  // The steps after the restored checkpoint run again: their old values go, and watchers are
+  // told before the new ones come.
+  const int64_t step = job.restored_step();
+  SetRun(job.job_id(), job.attempts_size(), step);
+  ASSIGN_OR_RETURN(int64_t dropped, history_->Rewind(job.job_id(), step));
+  v1::JobRewind rewind;
+  rewind.set_attempt(job.attempts_size() + 1);
+  if (job.attempts_size() > 0) {
+    const v1::JobAttempt& ended = job.attempts(job.attempts_size() - 1);
+    rewind.set_cause(ended.cause());
+    rewind.set_host(ended.host());
+    rewind.set_steps_lost(ended.steps_lost());
+  }
+  if (absl::Status s = hub_->Rewind(job.job_id(), step, std::move(rewind)); !s.ok()) {
+    spdlog::warn("job {}: watchers not told of the rewind: {}", job.job_id(), s.ToString());
+  }
+  spdlog::info("telemetry of job {} rewound to step {} ({} summaries dropped)", job.job_id(),
+               step, dropped);
   const v1::JobManifest setup = CollectionSetup(job);
-  RETURN_IF_ERROR(StartCombining(setup, *emitted));
+  RETURN_IF_ERROR(StartCombining(setup, step));
   return history_->SetCollecting(job.job_id(), setup.SerializeAsString());
+}
+
+void CoordinatorTelemetry::SetRun(const std::string& job_id, int attempt,
+                                  std::optional<int64_t> rewound_to) {
+  absl::MutexLock l(&steps_mu_);
+  run_[job_id] = attempt;
+  if (rewound_to.has_value()) {
+    int64_t& latest = latest_step_[job_id];
+    latest = std::min(latest, *rewound_to);
+  }
 }
 
 absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
@@ -129,6 +160,7 @@ absl::Status CoordinatorTelemetry::ResumeJob(const std::string& job_id, const st
   std::vector<std::string> series;
   for (const auto& d : job.spec().telemetry()) series.push_back(d.name());
   RETURN_IF_ERROR(hub_->OpenJob(job_id, std::move(series)));
+  SetRun(job_id, job.attempts_size(), std::nullopt);
   RETURN_IF_ERROR(StartCombining(job, latest));
   // Steps acknowledged to workers but not yet combined at the crash.
   ASSIGN_OR_RETURN(std::vector<v1::HostSummary> pending,
@@ -144,6 +176,10 @@ absl::Status CoordinatorTelemetry::ResumeJob(const std::string& job_id, const st
 }
 
 void CoordinatorTelemetry::EndJob(const std::string& job_id) {
+  {
+    absl::MutexLock l(&steps_mu_);
+    run_.erase(job_id);
+  }
   combiner_->FinishJob(job_id).IgnoreError();  // NOT_FOUND: never started collecting
   stragglers_->EndJob(job_id);
   hub_->EndJob(job_id).IgnoreError();
@@ -176,6 +212,15 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
 absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {
   if (admit_ && !summary.incarnation().empty()) {
     RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
+  }
+  {
+    absl::MutexLock l(&steps_mu_);
+    auto run = run_.find(summary.job_id());
+    if (run != run_.end() && summary.attempt() < run->second) {
+      // An earlier run's, sent before the worker heard of the restart: acknowledged (resending
+      // it is useless) but not stored; the ack covers no step of the new run.
+      return history_->PersistedThroughStep(summary.job_id(), summary.host());
+    }
   }
   ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome, combiner_->Add(summary));
   (void)outcome;  // duplicates and late summaries are acknowledged too: resending is useless

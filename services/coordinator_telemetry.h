@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -58,9 +59,10 @@ class CoordinatorTelemetry {
   // Errors: INVALID_ARGUMENT (no hosts or bad declarations), ALREADY_EXISTS.
   absl::Status StartJob(const v1::JobManifest& job);
   // A job restarted from a checkpoint (automatic recovery) on the hosts of `job`: the old run's
-  // pending steps are dropped, the steps already emitted stay (the run repeats them; its
-  // summaries for them are ignored, so the history keeps one value per step), and watchers go
-  // on. Errors: as StartJob.
+  // pending steps are dropped, the history after job.restored_step() is dropped (the new run
+  // computes those steps again, so the history keeps one value per step, the newest), watchers
+  // get a rewind event and go on, and summaries of the earlier runs are no longer taken.
+  // Errors: as StartJob, and the store's.
   absl::Status RestartJob(const v1::JobManifest& job);
   // Emits what is pending (partial where hosts are missing) and ends the job's watchers.
   void EndJob(const std::string& job_id);
@@ -94,6 +96,8 @@ class CoordinatorTelemetry {
   CoordinatorTelemetry() = default;
   void PollLoop();
   absl::Status StartCombining(const v1::JobManifest& job, int64_t emitted_through_step);
+  // Accept takes only the summaries of run `attempt` on; a rewind lowers the live step.
+  void SetRun(const std::string& job_id, int attempt, std::optional<int64_t> rewound_to);
   // Resumes the jobs the history says were collecting (see "Restart").
   absl::Status Resume();
   absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
@@ -106,6 +110,7 @@ class CoordinatorTelemetry {
   std::unique_ptr<coordinator::StragglerDetector> stragglers_;
   mutable absl::Mutex steps_mu_;
   std::map<std::string, int64_t> latest_step_ ABSL_GUARDED_BY(steps_mu_);
+  std::map<std::string, int> run_ ABSL_GUARDED_BY(steps_mu_);  // the attempt being collected
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
   absl::Notification stop_;

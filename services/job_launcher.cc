@@ -380,6 +380,8 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
           !gone.empty()) {
         error = absl::StrCat("worker ", gone, " is unreachable; ", host, " reported: ", error);
         host = gone;
+      } else if (report.restore_failed()) {
+        MarkUnrestorable(job, error);
       }
       return Fail(report.job_id(), host, error);
     }

@@ -129,6 +129,9 @@ class JobLauncher {
   static constexpr int kDefaultMaxRestarts = 3;
   // Automatic recovery: when `job_id` can restart, stops its workers, makes it PENDING from its
   // newest committed checkpoint and launches it again; returns whether it did.
+  // Records on the job's checkpoint that this run restored that restoring it failed
+  // (CheckpointRecord.restore_error), so that recovery falls back to an older one.
+  void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
                     const std::string& cause);
   // Called once a job reached a final state: its telemetry ends after what is pending.

@@ -3,11 +3,13 @@
 // from its newest committed checkpoint when one of its hosts dies or fails.
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/background_tasks.h"
+#include "checkpoint/store.h"
 #include "common/status_macros.h"
 #include "services/job_launcher.h"
 #include "services/server_support.h"
@@ -53,6 +55,20 @@ absl::Status JobLauncher::CheckpointNow(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string& error) {
+  absl::Status marked = config_.jobs->Update(job.job_id(), [&](v1::JobManifest& m) {
+    for (v1::CheckpointRecord& record : *m.mutable_checkpoints()) {
+      if (record.committed() && record.path() == m.spec().resume_from() &&
+          record.restore_error().empty()) {
+        record.set_restore_error(error);
+        spdlog::error("job {}: its checkpoint of step {} cannot be restored: {}", m.job_id(),
+                      record.step(), error);
+      }
+    }
+  });
+  if (!marked.ok()) spdlog::warn("job {}: {}", job.job_id(), marked.ToString());
+}
+
 bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& host,
                                const std::string& cause) {
   absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
@@ -70,12 +86,15 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
   }
   const v1::CheckpointRecord* newest = nullptr;
   for (const v1::CheckpointRecord& record : job->checkpoints()) {
-    if (record.committed() && (newest == nullptr || record.step() >= newest->step())) {
+    // Retention may have deleted an older record's directory since.
+    if (record.committed() && record.restore_error().empty() &&
+        (newest == nullptr || record.step() >= newest->step()) &&
+        std::filesystem::exists(std::filesystem::path(record.path()) / checkpoint::kManifestFile)) {
       newest = &record;
     }
   }
   if (newest == nullptr) {
-    spdlog::warn("job {}: no committed checkpoint to restart from", job_id);
+    spdlog::warn("job {}: no committed checkpoint left to restart from", job_id);
     return false;
   }
   if (auto member = job->host_incarnations().find(host);

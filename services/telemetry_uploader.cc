@@ -35,6 +35,16 @@ void TelemetryUploader::Enqueue(v1::HostSummary summary) {
   queue_.push_back({std::move(summary), false});
 }
 
+void TelemetryUploader::DropEarlierRuns(const std::string& job_id, int attempt) {
+  absl::MutexLock lock(&mu_);
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                              [&](const Entry& e) {
+                                return e.summary.job_id() == job_id &&
+                                       e.summary.attempt() < attempt;
+                              }),
+               queue_.end());
+}
+
 int64_t TelemetryUploader::dropped() const {
   absl::MutexLock lock(&mu_);
   return dropped_;

@@ -40,6 +40,10 @@ class TelemetryUploader {
   // Waits until every queued summary of `job_id` is acknowledged; false after `timeout`.
   bool Flush(const std::string& job_id, absl::Duration timeout);
 
+  // Forgets the queued summaries of the job's runs before `attempt`: the job restarted from a
+  // checkpoint, and the coordinator no longer takes them.
+  void DropEarlierRuns(const std::string& job_id, int attempt);
+
   int64_t dropped() const;
 
  private:

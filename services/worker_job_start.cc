@@ -216,6 +216,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     }
   }
   if (earlier_run != nullptr) earlier_run->loop->Stop();
+  uploader_->DropEarlierRuns(request.job_id(), attempt);
   // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
   const bool mode_b = coordinator::IsModeB(spec);
   ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
@@ -317,10 +318,11 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
       .reduce_gradients = std::move(reduce_gradients),
       .spec = std::move(run),
       .batches = std::move(batches),
-      .sink = [this, incarnation = incarnation(),
+      .sink = [this, incarnation = incarnation(), attempt,
                replicated = replica.count > 1](worker::HostStepSummary summary) {
         v1::HostSummary proto = ToProto(summary);
         proto.set_incarnation(incarnation);  // refused once this incarnation is fenced
+        proto.set_attempt(attempt);          // dropped once the job restarted
         if (replicated) {  // replicas in lockstep: what differs is the time not waiting
           proto.set_compute_seconds(
               std::max(1e-9, proto.step_time_seconds() - allreduce_seconds_.load()));

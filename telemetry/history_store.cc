@@ -770,6 +770,30 @@ absl::StatusOr<std::vector<HistoryStore::JobInfo>> HistoryStore::ListJobs() cons
   return out;
 }
 
+absl::StatusOr<int64_t> HistoryStore::Rewind(const std::string& job_id, int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError("Rewind: step is negative");
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(JobExistsLocked(job_id));
+  int64_t dropped = 0;
+  RETURN_IF_ERROR(TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    bool first = true;  // the global summaries: their count is returned
+    for (const char* sql : {"DELETE FROM global_summaries WHERE job_id = ?1 AND step > ?2",
+                            "DELETE FROM series_points WHERE job_id = ?1 AND step > ?2",
+                            "DELETE FROM host_summaries WHERE job_id = ?1 AND step > ?2",
+                            "UPDATE jobs SET latest_step = ?2 WHERE job_id = ?1 AND "
+                            "latest_step > ?2",
+                            "UPDATE host_progress SET persisted_through_step = ?2 WHERE "
+                            "job_id = ?1 AND persisted_through_step > ?2"}) {
+      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, sql));
+      RETURN_IF_ERROR(stmt.Bind(1, job_id).Bind(2, step).Run());
+      if (first) dropped = sqlite3_changes(db_);
+      first = false;
+    }
+    return absl::OkStatus();
+  }));
+  return dropped;
+}
+
 absl::StatusOr<int64_t> HistoryStore::Prune() {
   absl::MutexLock l(&mu_);
   int64_t deleted = 0;

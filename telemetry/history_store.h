@@ -180,6 +180,12 @@ class HistoryStore {
   // Every job with history, by job_id.
   absl::StatusOr<std::vector<JobInfo>> ListJobs() const;
 
+  // Drops what the job stored after `step` (global and host summaries, series points) and sets
+  // its latest step and every host's persisted_through_step to at most `step`: the job restarted
+  // from its checkpoint of `step`, and the steps after it are run again. Returns how many global
+  // summaries were dropped. Errors: INVALID_ARGUMENT (step < 0), NOT_FOUND (unknown job).
+  absl::StatusOr<int64_t> Rewind(const std::string& job_id, int64_t step);
+
   // Applies the retention limits now; returns how many global summaries were deleted.
   absl::StatusOr<int64_t> Prune();
 

@@ -210,6 +210,31 @@ TEST_F(HistoryStoreTest, HostSummariesAndProgress) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A job restarted from its checkpoint of step 20: what came after it goes, the re-run's values
+// replace it, and the hosts' progress goes back so their acks cover only the new run.
+TEST_F(HistoryStoreTest, RewindDropsTheStepsAfterTheCheckpoint) {
+  Open();
+  for (int64_t step = 10; step <= 30; step += 10) {
+    ASSERT_TRUE(store_->Append(Global("job-1", step, static_cast<float>(step))).ok());
+    ASSERT_TRUE(store_->AppendHost(Host("job-1", step, "h0", 1)).ok());
+  }
+  ASSERT_TRUE(store_->Append(Global("job-2", 30, 3)).ok());
+  EXPECT_EQ(store_->Rewind("job-1", 20).value(), 1);
+  EXPECT_EQ(store_->LatestStep("job-1").value(), 20);
+  EXPECT_EQ(store_->PersistedThroughStep("job-1", "h0").value(), 20);
+  EXPECT_EQ(store_->ReadHostSummaries("job-1", 20).value().size(), 0u);
+  HistoryStore::SeriesRequest series{.job_id = "job-1", .name = "loss"};
+  EXPECT_EQ(store_->ReadSeries(series).value().size(), 2u);
+  ASSERT_TRUE(store_->Append(Global("job-1", 30, 33)).ok());
+  HistoryStore::ReadRequest read{.job_id = "job-1", .since_step = 1};
+  auto rows = store_->Read(read).value();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FLOAT_EQ(rows[2].values(0).values(0), 33.0f);          // the re-run's value
+  EXPECT_EQ(store_->LatestStep("job-2").value(), 30);           // other jobs untouched
+  EXPECT_EQ(store_->Rewind("job-9", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Rewind("job-1", -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A child process writes and acknowledges summaries (each ack sent only after the call
 // returned OK) until the parent kills it with SIGKILL mid-stream; every acknowledged summary
 // must be in the reopened database.

@@ -34,7 +34,10 @@ void Watcher::Shape(v1::GlobalSummary& summary) const {
 }
 
 Watcher::PopResult Watcher::TakeLiveLocked() {
-  while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
+  // A queued rewind event is always due (Rewind queues only those that are).
+  while (!live_.empty() && !live_.front()->has_rewind() && live_.front()->step() < next_step_) {
+    live_.pop_front();
+  }
   if (!live_.empty()) {
     PopResult result{Kind::kItem, std::move(live_.front()), absl::OkStatus()};
     live_.pop_front();
@@ -70,6 +73,7 @@ Watcher::PopResult Watcher::TryPop() {
   absl::MutexLock consumer(&pop_mu_);
   while (true) {
     int64_t from = 0;
+    uint64_t rewinds_before = 0;
     std::optional<PopResult> live;
     {
       absl::MutexLock l(&mu_);
@@ -86,6 +90,7 @@ Watcher::PopResult Watcher::TryPop() {
         live = TakeLiveLocked();
       } else {
         from = next_step_;
+        rewinds_before = rewinds_;
       }
     }
     if (live.has_value()) return ShapeLive(std::move(*live));
@@ -98,6 +103,7 @@ Watcher::PopResult Watcher::TryPop() {
     absl::StatusOr<std::vector<v1::GlobalSummary>> rows = history_->Read(request);
     absl::MutexLock l(&mu_);
     if (final_) continue;
+    if (rewinds_ != rewinds_before) continue;  // the rows may predate the rewind: read again
     if (!rows.ok()) {
       if (rows.status().code() != absl::StatusCode::kNotFound) {
         AbortLocked(rows.status());
@@ -192,6 +198,24 @@ bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& full,
     return FireLocked();
   }
   live_.push_back(host_detail_ ? full : no_detail);
+  return FireLocked();
+}
+
+bool Watcher::Rewind(const std::shared_ptr<const v1::GlobalSummary>& event) {
+  absl::MutexLock l(&mu_);
+  if (final_ || ended_) return false;
+  ++rewinds_;
+  const int64_t step = event->step();
+  // Queued summaries after `step` are the ended run's, not delivered yet: they go.
+  auto after = [step](int64_t s) { return s > step; };
+  while (!live_.empty() && after(live_.back()->step())) live_.pop_back();
+  while (!backfill_.empty() && after(backfill_.back().step())) backfill_.pop_back();
+  if (next_step_ <= step + 1) return false;  // delivered nothing after `step`
+  if (mode_ == Mode::kLive) {
+    live_.push_back(event);
+  } else {  // next in line: the backfill delivers it first and goes on from step + 1
+    backfill_.push_front(*event);
+  }
   return FireLocked();
 }
 
@@ -334,6 +358,30 @@ absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
       watchers[kept++] = watchers[i];
     }
     watchers.resize(kept);
+  }
+  Wake(std::move(notify));
+  return absl::OkStatus();
+}
+
+absl::Status WatchHub::Rewind(const std::string& job_id, int64_t step, v1::JobRewind rewind) {
+  auto event = std::make_shared<v1::GlobalSummary>();
+  event->set_job_id(job_id);
+  event->set_step(step);
+  *event->mutable_rewind() = std::move(rewind);
+  std::shared_ptr<const v1::GlobalSummary> shared = std::move(event);
+  std::vector<std::shared_ptr<Watcher>> notify;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("telemetry of job ", job_id, " is not open"));
+    }
+    it->second.last_published = std::min(it->second.last_published, step);
+    for (const std::weak_ptr<Watcher>& weak : it->second.watchers) {
+      std::shared_ptr<Watcher> watcher = weak.lock();
+      if (watcher != nullptr && watcher->Rewind(shared)) notify.push_back(watcher);
+    }
   }
   Wake(std::move(notify));
   return absl::OkStatus();

@@ -28,6 +28,10 @@
 // once). A job that is not open in the hub (finished, or from before a restart) can still be
 // watched: its history is delivered, then OK.
 //
+// Rewind: when a job restarts from a checkpoint, Rewind(job, step) queues a rewind event; a
+// watcher that delivered steps after `step` delivers the event and then those steps again, as
+// the new run publishes them.
+//
 // Names and detail: a watcher asking for `names` gets only those series in each summary (and
 // in host_detail); host_detail is kept only when asked for. Watchers without a names filter
 // share one immutable copy of each published summary (one with, one without host_detail).
@@ -119,6 +123,9 @@ class Watcher {
   // `full` is the published summary, `no_detail` the same without host_detail.
   bool Push(const std::shared_ptr<const v1::GlobalSummary>& full,
             const std::shared_ptr<const v1::GlobalSummary>& no_detail);
+  // The job rewound to event->step(): drops the queued summaries after it and, when this
+  // watcher delivered steps after it, queues the event next (see WatchHub::Rewind).
+  bool Rewind(const std::shared_ptr<const v1::GlobalSummary>& event);
   // No more live items: drain (history, then the queue) and end with `status` (OK for EndJob).
   bool End(absl::Status status);
   // Ends at once with `status` (an error), dropping what is queued.
@@ -158,6 +165,7 @@ class Watcher {
   bool final_ ABSL_GUARDED_BY(mu_) = false;        // over: TryPop returns kEnd(final_status_)
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   bool armed_ ABSL_GUARDED_BY(mu_) = false;        // a TryPop returned kEmpty
+  uint64_t rewinds_ ABSL_GUARDED_BY(mu_) = 0;      // Rewind calls so far
   absl::Mutex notify_mu_;                          // held while the callback runs
   std::function<void()> notify_ ABSL_GUARDED_BY(notify_mu_);
 };
@@ -192,6 +200,12 @@ class WatchHub {
   // increase per job. Errors: FAILED_PRECONDITION (job not open), INVALID_ARGUMENT (step not
   // above the last published one, named).
   absl::Status Publish(const v1::GlobalSummary& summary);
+
+  // The job restarted from its checkpoint of `step` (the caller dropped the history after it,
+  // HistoryStore::Rewind): each watcher that delivered steps after `step` gets a rewind event (a
+  // summary with `rewind` set, step = `step`, no values) and then those steps again; the next
+  // Publish may be any step above `step`. Errors: FAILED_PRECONDITION (job not open).
+  absl::Status Rewind(const std::string& job_id, int64_t step, v1::JobRewind rewind);
 
   // Ends the job's watchers with OK after they drain; later Publish is FAILED_PRECONDITION.
   // Errors: NOT_FOUND (job not open).

@@ -153,6 +153,33 @@ TEST_F(WatchHubTest, BackfillThenLiveWithNotification) {
   EXPECT_EQ(hub_->Publish(Global("job-1", 13)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A restart from the checkpoint of step 4: a watcher that delivered steps 5..6 gets the rewind
+// event and then 5.. again; one subscribed after the rewind sees only the new values.
+TEST_F(WatchHubTest, RewindTakesBackWhatWasDeliveredAfterTheCheckpoint) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  for (int step = 1; step <= 6; ++step) Commit("job-1", step);
+  auto watcher = Subscribe("job-1", 1);
+  auto behind = Subscribe("job-1", 1);  // reads nothing before the rewind
+  EXPECT_EQ(PopSteps(*watcher, 6), Range(1, 6));
+  ASSERT_TRUE(history_->Rewind("job-1", 4).ok());
+  v1::JobRewind rewind;
+  rewind.set_attempt(2);
+  rewind.set_host("h1");
+  ASSERT_TRUE(hub_->Rewind("job-1", 4, rewind).ok());
+  EXPECT_EQ(hub_->Publish(Global("job-1", 4)).code(), absl::StatusCode::kInvalidArgument);
+  Commit("job-1", 5);
+  Commit("job-1", 6);
+  auto event = watcher->Pop(absl::Seconds(10));
+  ASSERT_EQ(event.kind, Kind::kItem);
+  ASSERT_TRUE(event.summary->has_rewind());
+  EXPECT_EQ(event.summary->step(), 4);
+  EXPECT_EQ(event.summary->rewind().attempt(), 2);
+  EXPECT_EQ(PopSteps(*watcher, 2), Range(5, 6));
+  EXPECT_EQ(PopSteps(*behind, 6), Range(1, 6));  // no rewind: it never saw the old 5..6
+  EXPECT_EQ(behind->TryPop().kind, Kind::kEmpty);
+  EXPECT_EQ(hub_->Rewind("job-9", 1, rewind).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(WatchHubTest, NamesAndHostDetail) {
   ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
   Commit("job-1", 1);

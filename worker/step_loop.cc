@@ -332,6 +332,7 @@ void StepLoop::Run() {
   } else {
     result.outcome = LoopOutcome::kFailed;
     result.error = status;
+    result.restore_failed = restore_failed_;
   }
   if (result.outcome == LoopOutcome::kFailed) {
     spdlog::error("job {} on {}: {}", config_.spec.job_id, config_.spec.host,
@@ -346,7 +347,10 @@ absl::Status StepLoop::Initialize() {
   if (config_.restore_state) {
     const absl::Time start = config_.clock->Now();
     absl::StatusOr<DeviceBuffers> restored = config_.restore_state(devices_, partitions_);
-    if (!restored.ok()) return PrefixStatus(restored.status(), "restoring the checkpoint: ");
+    if (!restored.ok()) {
+      restore_failed_ = true;
+      return PrefixStatus(restored.status(), "restoring the checkpoint: ");
+    }
     state_ = *std::move(restored);
     metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
     if (state_.size() != devices_.size()) {

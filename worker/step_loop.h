@@ -132,6 +132,7 @@ struct LoopResult {
   LoopOutcome outcome = LoopOutcome::kSucceeded;
   absl::Status error;  // set when kFailed: "step <s>: <plugin message>" (or "init: ...", see mode B)
   int64_t last_completed_step = 0;  // 0: no step completed
+  bool restore_failed = false;      // kFailed while restoring the checkpoint (restore_state)
 };
 
 class StepLoop {
@@ -259,6 +260,7 @@ class StepLoop {
   std::unique_ptr<TelemetryReducer> reducer_;
   DeviceBuffers state_;  // [device][state input]; loop thread only
   DeviceBuffers grad_acc_;  // mode B: [device][accumulator]; loop thread only
+  bool restore_failed_ = false;  // loop thread only
 
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
