@@ -27,6 +27,7 @@
 #include "services/dashboard_api.h"
 #include "services/http_server.h"
 #include "services/job_launcher.h"
+#include "services/job_membership.h"
 #include "worker/runtime/runtime.h"
 
 namespace meshrun::services {
@@ -41,6 +42,8 @@ class CoordinatorRpcHandler {
       : registry_(registry), kv_(kv), jobs_(jobs), launcher_(launcher), telemetry_(telemetry) {}
 
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
+  // security: which worker may touch which job's state.
+  const JobMembership& membership() const { return membership_; }
 
   // Once set, registrations are refused with UNAVAILABLE.
   void SetDraining() { draining_ = true; }
@@ -97,6 +100,7 @@ class CoordinatorRpcHandler {
   coordinator::JobTable* const jobs_;
   JobLauncher* const launcher_;
   CoordinatorTelemetry* const telemetry_;
+  const JobMembership membership_{registry_, jobs_};
   std::atomic<bool> draining_{false};
 };
 
@@ -133,6 +137,7 @@ class CoordinatorServer {
   int port() const { return port_; }
   // The telemetry path (tests and benchmarks drive it without workers).
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
+  coordinator::JobTable& jobs() { return *jobs_; }  // security_test seeds jobs
   // The bound HTTP port; 0 when http_listen is empty.
   int http_port() const { return http_ ? http_->port() : 0; }
 
