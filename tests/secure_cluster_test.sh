@@ -38,7 +38,7 @@ kill $insecure
 ca="$tmp/ca"
 "$bin/meshrun" certs init --dir="$ca" --cluster=test >/dev/null || fail "certs init"
 "$bin/meshrun" certs issue --dir="$ca" --role=coordinator --name=coordinator >/dev/null || fail "issue"
-for w in worker-0 worker-1; do
+for w in worker-0 worker-1 worker-2 worker-3; do
   "$bin/meshrun" certs issue --dir="$ca" --role=worker --name=$w >/dev/null || fail "issue $w"
 done
 submit_token=$("$bin/meshrun" certs token --role=submit --name=ci --tokens_file="$ca/tokens")
@@ -94,9 +94,16 @@ scli export "$job" --format=jsonl --out="$tmp/history.jsonl" 2>/dev/null || fail
 [ "$(wc -l <"$tmp/history.jsonl")" -eq 4 ] || fail "export lines: $(wc -l <"$tmp/history.jsonl")"
 if scli cancel "$job" >"$tmp/bad.txt" 2>&1; then fail "view token cancelled a job"; fi
 [ "$(scli health "127.0.0.1:$port")" = "SERVING" ] || fail "health over TLS"
-# Host replicas: gloo's rendezvous through the key-value store works for the job's own members
-# (collectives/<job>/ keys, checked for membership).
-scli --token_file="$tmp/submit.token" submit "$src/examples/transformer_moe/dp4x2/job.json" \
+# Host replicas on two 4-device workers: gloo's rendezvous through the key-value store works
+# for the job's own members (collectives/<job>/ keys, checked for membership).
+for w in 2 3; do
+  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+    --worker_index=$w --cpu_devices=4 $(tls worker-$w) --state_dir="$tmp/worker-$w" \
+    >"$tmp/worker-$w.log" 2>&1 &
+  pids+=($!)
+done
+MESHRUN_TOKEN=$view_token scli workers --expect=4 --wait=30s >/dev/null || fail "4 workers"
+scli --token_file="$tmp/submit.token" submit "$src/examples/transformer_lm/dp4x2/job.json" \
   --host_replicas=2 --steps=3 --cadence=1 --follow --wait=300s >"$tmp/replicas.txt" \
   || fail "host-replica job: $(cat "$tmp/replicas.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/replicas.txt" || fail "replicas: $(cat "$tmp/replicas.txt")"

@@ -115,7 +115,9 @@ class SecurityTest : public ::testing::Test {
         {.listen = "127.0.0.1:0", .state_dir = Dir() + "/coordinator-state", .pjrt_plugin = ""});
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = coordinator->release();
-    SetProcessSecurity(CertCaller(ca_, "worker-a", ca_));  // the worker's own certificate
+    SecurityConfig worker_security = CertCaller(ca_, "worker-a", ca_);  // its own certificate
+    worker_security.auth_tokens_file = tokens_file_;
+    SetProcessSecurity(worker_security);
     auto worker = WorkerServer::Start({.listen = "127.0.0.1:0",
                                        .coordinator = absl::StrCat("127.0.0.1:", coordinator_->port()),
                                        .identity = {.host = "worker-a"},
