@@ -29,6 +29,7 @@
 //                             [--paced_rate 20] [--tls_vs_plain 0|1]
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -315,36 +316,40 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
   return figures;
 }
 
-// The meshrun path in plaintext and with mutual TLS, alternating which goes first.
-int TlsVsPlain(const Options& options) {
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2];  // [0] plaintext, [1] mutual TLS
+// Runs `run(path, dir)` for paths 0 and 1 in each of `rounds` rounds, alternating which goes
+// first, and prints the medians of each under `names`. Returns the median deliveries/s.
+absl::StatusOr<std::array<double, 2>> Compare(
+    const Options& options, const std::string& title, const std::array<const char*, 2>& names,
+    const std::function<absl::StatusOr<Figures>(int path, const std::string& dir)>& run) {
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2];
   for (int round = 0; round < options.rounds; ++round) {
     for (int i = 0; i < 2; ++i) {
       const int path = (round + i) % 2;
-      const std::string dir = std::filesystem::temp_directory_path() /
-                              absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round, "_", path);
-      absl::StatusOr<Figures> f = RunMeshrun(options, dir, /*tls=*/path == 1);
+      const std::string dir =
+          std::filesystem::temp_directory_path() /
+          absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round, "_", path);
+      absl::StatusOr<Figures> f = run(path, dir);
       std::filesystem::remove_all(dir);
-      if (!f.ok()) return Fail(path == 0 ? "plaintext" : "mutual TLS", f.status());
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat(names[path], ": ", f.status().message()));
+      }
       rate[path].push_back(f->deliveries_per_second);
       cpu[path].push_back(f->cpu_micros_per_delivery);
       p50[path].push_back(f->p50_ms);
       p99[path].push_back(f->p99_ms);
     }
   }
-  std::printf("fanout, meshrun path: %d watchers, %lld summaries, window %lld, %d rounds "
-              "(medians)\n",
+  std::printf("%s: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n", title.c_str(),
               options.watchers, static_cast<long long>(options.summaries),
               static_cast<long long>(options.window), options.rounds);
   for (int path = 0; path < 2; ++path) {
     std::printf("%-10s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
                 "latency p50 %7.2f ms  p99 %7.2f ms\n",
-                path == 0 ? "plaintext" : "mutualTLS", Median(rate[path]),
-                Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
-                Median(p99[path]));
+                names[path], Median(rate[path]), Median(rate[path]) / options.watchers,
+                Median(cpu[path]), Median(p50[path]), Median(p99[path]));
   }
-  std::printf("ratio fanout_tls_vs_plain %.3f\n", Median(rate[1]) / Median(rate[0]));
-  return 0;
+  return std::array<double, 2>{Median(rate[0]), Median(rate[1])};
 }
 
 int Main(int argc, char** argv) {
@@ -368,33 +373,19 @@ int Main(int argc, char** argv) {
                              "--watchers, --summaries and --rounds >= 1, --paced_rate >= 0, "
                              "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
   }
-  if (options.tls_vs_plain) return TlsVsPlain(options);
-  // Rounds alternate which path goes first; figures are medians over rounds.
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
-  for (int round = 0; round < options.rounds; ++round) {
-    for (int i = 0; i < 2; ++i) {
-      const int path = (round + i) % 2;
-      const std::string dir = std::filesystem::temp_directory_path() /
-                              absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round);
-      absl::StatusOr<Figures> f = path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
-      std::filesystem::remove_all(dir);
-      if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
-      rate[path].push_back(f->deliveries_per_second);
-      cpu[path].push_back(f->cpu_micros_per_delivery);
-      p50[path].push_back(f->p50_ms);
-      p99[path].push_back(f->p99_ms);
-    }
+  if (options.tls_vs_plain) {  // the meshrun path in plaintext and with mutual TLS
+    absl::StatusOr<std::array<double, 2>> rates = Compare(
+        options, "fanout, meshrun path", {"plaintext", "mutualTLS"},
+        [&](int path, const std::string& dir) { return RunMeshrun(options, dir, path == 1); });
+    if (!rates.ok()) return Fail("fanout", rates.status());
+    std::printf("ratio fanout_tls_vs_plain %.3f\n", (*rates)[1] / (*rates)[0]);
+    return 0;
   }
-  std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n",
-              options.watchers, static_cast<long long>(options.summaries),
-              static_cast<long long>(options.window), options.rounds);
-  for (int path = 0; path < 2; ++path) {
-    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
-                "latency p50 %7.2f ms  p99 %7.2f ms\n",
-                path == 0 ? "grpc" : "meshrun", Median(rate[path]),
-                Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
-                Median(p99[path]));
-  }
+  absl::StatusOr<std::array<double, 2>> rates =
+      Compare(options, "fanout", {"grpc", "meshrun"}, [&](int path, const std::string& dir) {
+        return path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
+      });
+  if (!rates.ok()) return Fail("fanout", rates.status());
   // Latency below saturation: the same fan-out at a steady rate both sustain.
   if (options.paced_rate > 0) {
     Options paced = options;
@@ -411,7 +402,7 @@ int Main(int argc, char** argv) {
                 "meshrun p50 %.2f ms p99 %.2f ms\n",
                 paced.rate, grpc->p50_ms, grpc->p99_ms, meshrun->p50_ms, meshrun->p99_ms);
   }
-  std::printf("ratio fanout_vs_grpc %.3f\n", Median(rate[1]) / Median(rate[0]));
+  std::printf("ratio fanout_vs_grpc %.3f\n", (*rates)[1] / (*rates)[0]);
   return 0;
 }
 

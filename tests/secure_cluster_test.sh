@@ -114,6 +114,8 @@ http=$(sed -n "s/.*HTTP on port \([0-9]*\).*/\1/p" "$tmp/coordinator.log" | head
 admin_token=$("$bin/meshrun" certs token --role=admin --name=ops --tokens_file="$ca/tokens")
 scrape_token=$("$bin/meshrun" certs token --role=metrics --name=prometheus --tokens_file="$ca/tokens")
 "$bin/meshrun" certs issue --dir="$ca" --role=client --roles=view --name=dash >/dev/null || fail "issue dash"
+"$bin/meshrun" certs issue --dir="$ca" --role=client --roles=admin --name=old --days=-1 >/dev/null \
+  || fail "issue an expired certificate"
 "$bin/meshrun" certs init --dir="$tmp/other-ca" --cluster=test >/dev/null || fail "other CA"
 "$bin/meshrun" certs issue --dir="$tmp/other-ca" --role=client --roles=admin --name=eve >/dev/null \
   || fail "issue eve"
@@ -138,6 +140,8 @@ for path in / /metrics /api/jobs "/api/job?id=$job" /api/workers "/api/memory?ho
     || fail "$path: a worker certificate is not a viewer"
   [ "$(code --cert "$tmp/other-ca/eve.pem" --key "$tmp/other-ca/eve.key" "https://coordinator:$http$path")" = 000 ] \
     || fail "$path: an untrusted client certificate was not refused at the handshake"
+  [ "$(code --cert "$ca/old.pem" --key "$ca/old.key" "https://coordinator:$http$path")" = 000 ] \
+    || fail "$path: an expired client certificate was not refused at the handshake"
   c=$(code -H "Authorization: Bearer $scrape_token" "https://coordinator:$http$path")
   if [ "$path" = /metrics ]; then [ "$c" = 200 ] || fail "scrape token on /metrics: $c"
   else [ "$c" = 403 ] || fail "scrape token on $path: $c"; fi
