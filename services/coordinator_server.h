@@ -140,7 +140,7 @@ class CoordinatorServer {
   int port() const { return port_; }
   // The telemetry path (tests and benchmarks drive it without workers).
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
-  coordinator::JobTable& jobs() { return *jobs_; }  // security_test seeds jobs
+  coordinator::JobTable& jobs() { return *jobs_; }  // tests and benchmarks seed jobs
   // The bound HTTP port; 0 when http_listen is empty.
   int http_port() const { return http_ ? http_->port() : 0; }
 
