@@ -19,10 +19,17 @@
 // at a steady `--paced_rate` for 10 s reports latency below saturation (with the window, the
 // throughput runs' latency is mostly queueing).
 //
+// With `--tls_vs_plain 1` it instead runs the meshrun path twice per round, in plaintext and
+// with mutual TLS on every link (the coordinator's certificate and the access policy; the
+// uploader presents a worker certificate, checked for its host and job membership; the
+// watchers a view certificate and check the coordinator's), and prints as its last line:
+//   ratio fanout_tls_vs_plain <TLS deliveries/s / plaintext deliveries/s>
+//
 // Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 2]
-//                             [--paced_rate 20]
+//                             [--paced_rate 20] [--tls_vs_plain 0|1]
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +48,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"
 #include "common/status_macros.h"
+#include "services/cert_authority.h"
 #include "services/coordinator_server.h"
 #include "services/server_support.h"
 #include "services/telemetry_uploader.h"
@@ -142,7 +150,34 @@ struct Options {
   int rounds = 2;
   double rate = 0;        // summaries/s; 0 = as fast as the window allows
   double paced_rate = 20;  // the latency run's rate (0: skip it)
+  bool tls_vs_plain = false;
 };
+
+// Mutual TLS for one meshrun run: certificates from a throw-away CA under `dir`.
+struct TlsSetup {
+  services::SecurityConfig coordinator;
+  std::shared_ptr<grpc::ChannelCredentials> uploader, watchers;
+};
+
+absl::StatusOr<TlsSetup> MakeTls(const std::string& dir, const std::string& host) {
+  const std::string ca = dir + "/tls-ca";
+  RETURN_IF_ERROR(services::CreateClusterCa(ca, "bench", 1));
+  const auto issue = [&](const std::string& role, const std::string& name) {
+    return services::IssueCertificate({.ca_dir = ca, .role = role, .name = name}).status();
+  };
+  RETURN_IF_ERROR(issue("coordinator", "coordinator"));
+  RETURN_IF_ERROR(issue("worker", host));
+  RETURN_IF_ERROR(issue("view", "dashboard"));
+  const auto config = [&](const std::string& name) {
+    return services::SecurityConfig{.tls_cert = ca + "/" + name + ".pem",
+                                    .tls_key = ca + "/" + name + ".key",
+                                    .tls_ca = ca + "/ca.pem"};
+  };
+  const services::ExpectedServer coordinator{services::Role::kCoordinator, ""};
+  return TlsSetup{.coordinator = config("coordinator"),
+                  .uploader = services::MakeChannelCredentials(config(host), coordinator),
+                  .watchers = services::MakeChannelCredentials(config("dashboard"), coordinator)};
+}
 
 // Publishes `summaries` with `publish(step)`, at most `window` ahead of the slowest watcher,
 // and measures until every watcher holds them all; `end` then closes the streams.
@@ -222,13 +257,26 @@ absl::StatusOr<Figures> RunGrpc(const Options& options) {
   return figures;
 }
 
-absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& dir) {
-  ASSIGN_OR_RETURN(std::unique_ptr<services::CoordinatorServer> server,
-                   services::CoordinatorServer::Start({.listen = "127.0.0.1:0", .state_dir = dir}));
-  const std::string job = "fanout-1", host = "bench-host";
+absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& dir,
+                                   bool tls = false) {
+  const std::string host = "bench-host";
+  TlsSetup security;
+  if (tls) {
+    ASSIGN_OR_RETURN(security, MakeTls(dir, host));
+  }
+  services::SetProcessSecurity(security.coordinator);  // the server's; empty: plaintext
+  absl::StatusOr<std::unique_ptr<services::CoordinatorServer>> started =
+      services::CoordinatorServer::Start({.listen = "127.0.0.1:0", .state_dir = dir});
+  services::SetProcessSecurity({});
+  ASSIGN_OR_RETURN(std::unique_ptr<services::CoordinatorServer> server, std::move(started));
+  // A job of the job table, so the uploads pass the membership check as a real job's would.
+  const std::string job = server->jobs().Add(v1::JobSpec());
   v1::JobManifest manifest;
   manifest.set_job_id(job);
   (*manifest.mutable_host_incarnations())[host] = "incarnation-1";
+  RETURN_IF_ERROR(server->jobs().Update(job, [&](v1::JobManifest& m) {
+    *m.mutable_host_incarnations() = manifest.host_incarnations();
+  }));
   manifest.mutable_mesh()->add_shape(1);
   for (const char* name : {"loss", "grad_norm", "sink_mass"}) {
     v1::TelemetryDeclaration* d = manifest.mutable_spec()->add_telemetry();
@@ -244,18 +292,21 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
   RETURN_IF_ERROR(telemetry.StartJob(manifest));
   absl::StatusOr<Figures> figures;
   {
-    test_support::WatchFleet fleet(FleetConfig(options, server->port(), job));
+    test_support::WatchFleet::Config fleet_config = FleetConfig(options, server->port(), job);
+    fleet_config.credentials = security.watchers;
+    test_support::WatchFleet fleet(fleet_config);
     fleet.Start();
     RETURN_IF_ERROR(
         AwaitCount([&] { return telemetry.hub().WatcherCount(job); }, options.watchers));
-    services::TelemetryUploader uploader(
-        {.coordinator = absl::StrCat("127.0.0.1:", server->port())});
+    services::TelemetryUploader uploader({.coordinator = absl::StrCat("127.0.0.1:", server->port()),
+                                          .credentials = security.uploader});
     figures = Drive(
         options, fleet,
         [&](int64_t step) {
           v1::HostSummary summary;
           summary.set_job_id(job);
           summary.set_host(host);
+          summary.set_incarnation("incarnation-1");
           summary.set_replica_count(1);
           test_support::FillValues(summary, step);
           uploader.Enqueue(std::move(summary));
@@ -263,6 +314,42 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
         [&] { telemetry.EndJob(job); });
   }
   return figures;
+}
+
+// Runs `run(path, dir)` for paths 0 and 1 in each of `rounds` rounds, alternating which goes
+// first, and prints the medians of each under `names`. Returns the median deliveries/s.
+absl::StatusOr<std::array<double, 2>> Compare(
+    const Options& options, const std::string& title, const std::array<const char*, 2>& names,
+    const std::function<absl::StatusOr<Figures>(int path, const std::string& dir)>& run) {
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2];
+  for (int round = 0; round < options.rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int path = (round + i) % 2;
+      const std::string dir =
+          std::filesystem::temp_directory_path() /
+          absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round, "_", path);
+      absl::StatusOr<Figures> f = run(path, dir);
+      std::filesystem::remove_all(dir);
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat(names[path], ": ", f.status().message()));
+      }
+      rate[path].push_back(f->deliveries_per_second);
+      cpu[path].push_back(f->cpu_micros_per_delivery);
+      p50[path].push_back(f->p50_ms);
+      p99[path].push_back(f->p99_ms);
+    }
+  }
+  std::printf("%s: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n", title.c_str(),
+              options.watchers, static_cast<long long>(options.summaries),
+              static_cast<long long>(options.window), options.rounds);
+  for (int path = 0; path < 2; ++path) {
+    std::printf("%-10s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
+                "latency p50 %7.2f ms  p99 %7.2f ms\n",
+                names[path], Median(rate[path]), Median(rate[path]) / options.watchers,
+                Median(cpu[path]), Median(p50[path]), Median(p99[path]));
+  }
+  return std::array<double, 2>{Median(rate[0]), Median(rate[1])};
 }
 
 int Main(int argc, char** argv) {
@@ -275,8 +362,10 @@ int Main(int argc, char** argv) {
     else if (flag == "--window") options.window = value;
     else if (flag == "--rounds") options.rounds = value;
     else if (flag == "--paced_rate") options.paced_rate = value;
+    else if (flag == "--tls_vs_plain") options.tls_vs_plain = value != 0;
     else return Fail("usage", absl::InvalidArgumentError(
-                                  "flags: --watchers --summaries --window --rounds --paced_rate"));
+                                  "flags: --watchers --summaries --window --rounds --paced_rate "
+                                  "--tls_vs_plain"));
   }
   if (options.watchers < 1 || options.summaries < 1 || options.rounds < 1 ||
       options.paced_rate < 0 || options.window < 1 || options.window >= 1024) {
@@ -284,32 +373,19 @@ int Main(int argc, char** argv) {
                              "--watchers, --summaries and --rounds >= 1, --paced_rate >= 0, "
                              "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
   }
-  // Rounds alternate which path goes first; figures are medians over rounds.
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2];  // [0] grpc, [1] meshrun
-  for (int round = 0; round < options.rounds; ++round) {
-    for (int i = 0; i < 2; ++i) {
-      const int path = (round + i) % 2;
-      const std::string dir = std::filesystem::temp_directory_path() /
-                              absl::StrCat("meshrun_fanout_bench_", getpid(), "_", round);
-      absl::StatusOr<Figures> f = path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
-      std::filesystem::remove_all(dir);
-      if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
-      rate[path].push_back(f->deliveries_per_second);
-      cpu[path].push_back(f->cpu_micros_per_delivery);
-      p50[path].push_back(f->p50_ms);
-      p99[path].push_back(f->p99_ms);
-    }
+  if (options.tls_vs_plain) {  // the meshrun path in plaintext and with mutual TLS
+    absl::StatusOr<std::array<double, 2>> rates = Compare(
+        options, "fanout, meshrun path", {"plaintext", "mutualTLS"},
+        [&](int path, const std::string& dir) { return RunMeshrun(options, dir, path == 1); });
+    if (!rates.ok()) return Fail("fanout", rates.status());
+    std::printf("ratio fanout_tls_vs_plain %.3f\n", (*rates)[1] / (*rates)[0]);
+    return 0;
   }
-  std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n",
-              options.watchers, static_cast<long long>(options.summaries),
-              static_cast<long long>(options.window), options.rounds);
-  for (int path = 0; path < 2; ++path) {
-    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
-                "latency p50 %7.2f ms  p99 %7.2f ms\n",
-                path == 0 ? "grpc" : "meshrun", Median(rate[path]),
-                Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
-                Median(p99[path]));
-  }
+  absl::StatusOr<std::array<double, 2>> rates =
+      Compare(options, "fanout", {"grpc", "meshrun"}, [&](int path, const std::string& dir) {
+        return path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
+      });
+  if (!rates.ok()) return Fail("fanout", rates.status());
   // Latency below saturation: the same fan-out at a steady rate both sustain.
   if (options.paced_rate > 0) {
     Options paced = options;
@@ -326,7 +402,7 @@ int Main(int argc, char** argv) {
                 "meshrun p50 %.2f ms p99 %.2f ms\n",
                 paced.rate, grpc->p50_ms, grpc->p99_ms, meshrun->p50_ms, meshrun->p99_ms);
   }
-  std::printf("ratio fanout_vs_grpc %.3f\n", Median(rate[1]) / Median(rate[0]));
+  std::printf("ratio fanout_vs_grpc %.3f\n", (*rates)[1] / (*rates)[0]);
   return 0;
 }
 

@@ -181,6 +181,15 @@ absl::Status JobTable::Update(const std::string& job_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::map<std::string, std::string>> JobTable::HostIncarnations(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  return std::map<std::string, std::string>(it->second.host_incarnations().begin(),
+                                            it->second.host_incarnations().end());
+}
+
 absl::StatusOr<v1::JobManifest> JobTable::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

@@ -81,6 +81,10 @@ class JobTable {
   // Errors: NOT_FOUND.
   absl::StatusOr<v1::JobManifest> Get(const std::string& job_id) const;
   std::vector<v1::JobManifest> List() const;
+  // security: the job's host -> incarnation map, without copying the manifest (asked on every
+  // telemetry upload). Errors: NOT_FOUND.
+  absl::StatusOr<std::map<std::string, std::string>> HostIncarnations(
+      const std::string& job_id) const;
 
   // Fails every unfinished job that runs on `host` with incarnation `incarnation`, with
   // `error`, and returns their ids.

@@ -152,6 +152,10 @@ absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--name=", request.name, ": use letters, digits, '-', '.' and '_' only"));
   }
+  if (request.name == kCoordinatorDnsName && request.role != "coordinator") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--name=", kCoordinatorDnsName, " is reserved for the coordinator's certificate"));
+  }
   std::ifstream cluster_file(request.ca_dir + "/cluster");
   std::string cluster;
   if (!(cluster_file >> cluster)) {
@@ -172,6 +176,7 @@ absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request) {
   if (request.role == "worker" || request.role == "coordinator") {
     absl::StrAppend(&san, ",DNS:", request.name);
   }
+  if (request.role == "coordinator") absl::StrAppend(&san, ",DNS:", kCoordinatorDnsName);
   for (const auto& [nid, value] : std::vector<std::pair<int, std::string>>{
            {NID_basic_constraints, "critical,CA:FALSE"},
            {NID_key_usage, "critical,digitalSignature,keyEncipherment"},

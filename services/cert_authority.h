@@ -3,7 +3,9 @@
 // Files in the CA directory: ca.pem (certificate), ca.key (private key, mode 0600), cluster
 // (the cluster name). Issued certificates carry one URI SAN spiffe://<cluster>/<role>/<name>
 // (services/security_policy.h), a DNS SAN <name> when it is a plausible host name, and both
-// serverAuth and clientAuth usages. Keys are ECDSA P-256.
+// serverAuth and clientAuth usages. Keys are ECDSA P-256. A coordinator's certificate also
+// carries DNS:meshrun-coordinator (kCoordinatorDnsName), a name no other role may be issued:
+// clients that can only check host names (the Python SDK) check that one.
 //
 // Thread-safety: the functions touch only the files they are given.
 #pragma once
@@ -14,6 +16,8 @@
 #include "absl/status/statusor.h"
 
 namespace meshrun::services {
+
+inline constexpr char kCoordinatorDnsName[] = "meshrun-coordinator";
 
 // Creates the CA in `dir` (created if missing). Errors: ALREADY_EXISTS (ca.pem there; pass
 // another directory), INVALID_ARGUMENT (bad cluster name), INTERNAL (OpenSSL or file error).

@@ -28,7 +28,7 @@ int RunCertsCommand(const std::vector<std::string>& args) {
       "usage: meshrun certs init --dir=D [--cluster=NAME]\n"
       "       meshrun certs issue --dir=D --role=worker|coordinator|client --name=N "
       "[--roles=admin|submit|view] [--days=365]\n"
-      "       meshrun certs token --role=admin|submit|view --name=N [--tokens_file=F]";
+      "       meshrun certs token --role=admin|submit|view|metrics --name=N [--tokens_file=F]";
   if (args.size() != 3) ExitWithError(kUsage, 2);
   const std::string dir = absl::GetFlag(FLAGS_dir);
   const std::string& sub = args[2];
@@ -62,8 +62,10 @@ int RunCertsCommand(const std::vector<std::string>& args) {
   if (sub == "token") {
     const std::string role = absl::GetFlag(FLAGS_role);
     const std::string name = absl::GetFlag(FLAGS_name);
-    if ((role != "admin" && role != "submit" && role != "view") || name.empty()) {
-      ExitWithError("certs token needs --role=admin|submit|view and --name", 2);
+    if ((role != "admin" && role != "submit" && role != "view" && role != "metrics") ||
+        name.empty()) {
+      ExitWithError("certs token needs --role=admin|submit|view|metrics and --name (metrics: a "
+                    "scrape token good for /metrics only)", 2);
     }
     const std::string token = NewBearerToken();
     const std::string line = absl::StrCat(Sha256Hex(token), " ", role, " ", name);

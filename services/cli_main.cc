@@ -155,7 +155,7 @@ int Workers() {
   if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
     ExitWithError(std::string(parsed.status().message()), 2);
   }
-  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  auto stub = v1::Coordinator::NewStub(MakeCoordinatorChannel(address));
   const int expect = absl::GetFlag(FLAGS_expect);
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_wait);
   absl::StatusOr<v1::ListWorkersResponse> workers;
@@ -214,7 +214,7 @@ std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub() {
   if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
     ExitWithError(std::string(parsed.status().message()), 2);
   }
-  return v1::Coordinator::NewStub(MakeChannel(address));
+  return v1::Coordinator::NewStub(MakeCoordinatorChannel(address));
 }
 
 // Exit codes (also in kUsage): 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator

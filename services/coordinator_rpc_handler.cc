@@ -212,7 +212,7 @@ absl::Status CoordinatorRpcHandler::GetMetrics(const v1::GetMetricsRequest& requ
   std::vector<grpc::Status> rpcs(hosts.size());
   RunConcurrently(hosts.size(), [&](size_t i) {
     auto context = ContextWithTimeout(absl::Seconds(5));
-    rpcs[i] = v1::Worker::NewStub(MakeChannel(hosts[i].second))
+    rpcs[i] = v1::Worker::NewStub(MakeWorkerChannel(hosts[i].second, hosts[i].first))
                   ->GetStatus(context.get(), v1::GetStatusRequest(), &statuses[i]);
   });
   for (size_t i = 0; i < hosts.size(); ++i) {
@@ -235,7 +235,7 @@ absl::Status CoordinatorRpcHandler::GetDeviceMemory(const v1::GetDeviceMemoryReq
   ask.set_runtime_name(request.runtime_name());
   v1::WorkerDeviceMemoryResponse answer;
   auto context = ContextWithTimeout(absl::Seconds(5));
-  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeChannel(address))
+  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeWorkerChannel(address, request.host()))
                                      ->GetDeviceMemory(context.get(), ask, &answer)));
   *response->mutable_devices() = answer.devices();
   return absl::OkStatus();

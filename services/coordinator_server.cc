@@ -33,8 +33,9 @@ namespace meshrun::services {
 class CoordinatorServer::UploadReactor final
     : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
  public:
-  UploadReactor(CoordinatorTelemetry* telemetry, grpc::CallbackServerContext* context)
-      : telemetry_(telemetry), context_(context) {
+  UploadReactor(CoordinatorTelemetry* telemetry, const JobMembership* membership,
+                grpc::CallbackServerContext* context)
+      : telemetry_(telemetry), membership_(membership), context_(context) {
     StartRead(&in_);
   }
 
@@ -46,6 +47,9 @@ class CoordinatorServer::UploadReactor final
       return;
     }
     absl::Status caller = CheckWorkerHost(*context_, in_.host());  // a worker sends as itself
+    if (caller.ok()) {  // ... and only for a job it is a member of
+      caller = membership_->CheckMember(PeerIdentity(*context_), in_.job_id(), in_.incarnation());
+    }
     absl::StatusOr<int64_t> persisted = caller.ok() ? telemetry_->Accept(in_) : caller;
     absl::MutexLock lock(&mu_);
     if (!persisted.ok()) {
@@ -88,6 +92,7 @@ class CoordinatorServer::UploadReactor final
   }
 
   CoordinatorTelemetry* const telemetry_;
+  const JobMembership* const membership_;
   grpc::CallbackServerContext* const context_;
   v1::HostSummary in_;
   absl::Mutex mu_;
@@ -233,6 +238,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                               v1::ReportJobProgressResponse* response) override {
     return FinishUnary(context, [&] {
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
       return handler_->ReportJobProgress(*request, response);
     });
   }
@@ -241,6 +247,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                              v1::ReportCheckpointResponse* response) override {
     return FinishUnary(context, [&] {
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
       return handler_->ReportCheckpoint(*request, response);
     });
   }
@@ -251,7 +258,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
-    return new UploadReactor(&handler_->telemetry(), context);
+    return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context);
   }
   grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
       grpc::CallbackServerContext*, const v1::WatchTelemetryRequest* request) override {
@@ -288,28 +295,41 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
                                         const v1::KeyValueSetRequest* request,
                                         v1::KeyValueSetResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->KeyValueSet(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(KeyAllowed(context, request->key()));
+      return handler_->KeyValueSet(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* KeyValueTryGet(grpc::CallbackServerContext* context,
                                            const v1::KeyValueGetRequest* request,
                                            v1::KeyValueGetResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->KeyValueTryGet(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(KeyAllowed(context, request->key()));
+      return handler_->KeyValueTryGet(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* KeyValueList(grpc::CallbackServerContext* context,
                                          const v1::KeyValueListRequest* request,
                                          v1::KeyValueListResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->KeyValueList(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(KeyAllowed(context, request->directory()));
+      return handler_->KeyValueList(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* KeyValueDelete(grpc::CallbackServerContext* context,
                                            const v1::KeyValueDeleteRequest* request,
                                            v1::KeyValueDeleteResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->KeyValueDelete(*request, response); });
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(KeyAllowed(context, request->key()));
+      return handler_->KeyValueDelete(*request, response);
+    });
   }
   // The waiting RPCs finish from the store's callback; the server thread returns at once.
   grpc::ServerUnaryReactor* KeyValueGet(grpc::CallbackServerContext* context,
                                         const v1::KeyValueGetRequest* request,
                                         v1::KeyValueGetResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (absl::Status s = KeyAllowed(context, request->key()); !s.ok()) return Refuse(reactor, s);
     handler_->KeyValueGet(*request, [reactor, response](absl::StatusOr<std::string> value) {
       if (value.ok()) *response->mutable_value() = std::move(*value);
       reactor->Finish(ToGrpcStatus(value.status()));
@@ -320,6 +340,9 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                           const v1::WaitAtBarrierRequest* request,
                                           v1::WaitAtBarrierResponse*) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (absl::Status s = KeyAllowed(context, request->barrier_id()); !s.ok()) {
+      return Refuse(reactor, s);
+    }
     handler_->WaitAtBarrier(*request, [reactor](absl::Status status) {
       reactor->Finish(ToGrpcStatus(status));
     });
@@ -327,6 +350,19 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   }
 
  private:
+  // security: a worker reaches only the keys and reports of its jobs (job_membership.h).
+  absl::Status KeyAllowed(grpc::CallbackServerContext* context, const std::string& key) {
+    return handler_->membership().CheckKey(PeerIdentity(*context), key);
+  }
+  absl::Status Member(grpc::CallbackServerContext* context, const std::string& job_id,
+                      const std::string& incarnation) {
+    return handler_->membership().CheckMember(PeerIdentity(*context), job_id, incarnation);
+  }
+  static grpc::ServerUnaryReactor* Refuse(grpc::ServerUnaryReactor* reactor, absl::Status s) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
   CoordinatorRpcHandler* const handler_;
 };
 

@@ -27,6 +27,7 @@
 #include "services/dashboard_api.h"
 #include "services/http_server.h"
 #include "services/job_launcher.h"
+#include "services/job_membership.h"
 #include "worker/runtime/runtime.h"
 
 namespace meshrun::services {
@@ -44,6 +45,8 @@ class CoordinatorRpcHandler {
       : registry_(registry), kv_(kv), jobs_(jobs), launcher_(launcher), telemetry_(telemetry) {}
 
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
+  // security: which worker may touch which job's state.
+  const JobMembership& membership() const { return membership_; }
 
   // Once set, registrations are refused with UNAVAILABLE.
   void SetDraining() { draining_ = true; }
@@ -100,6 +103,7 @@ class CoordinatorRpcHandler {
   coordinator::JobTable* const jobs_;
   JobLauncher* const launcher_;
   CoordinatorTelemetry* const telemetry_;
+  const JobMembership membership_{registry_, jobs_};
   std::atomic<bool> draining_{false};
 };
 
@@ -136,6 +140,7 @@ class CoordinatorServer {
   int port() const { return port_; }
   // The telemetry path (tests and benchmarks drive it without workers).
   CoordinatorTelemetry& telemetry() { return *telemetry_; }
+  coordinator::JobTable& jobs() { return *jobs_; }  // tests and benchmarks seed jobs
   // The bound HTTP port; 0 when http_listen is empty.
   int http_port() const { return http_ ? http_->port() : 0; }
 

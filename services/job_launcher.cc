@@ -38,10 +38,15 @@ void JobLauncher::Launch(const std::string& job_id) {
 }
 
 const JobLauncher::Peer& JobLauncher::PeerAt(const std::string& address) {
+  // security: the worker at `address` must present the identity of the host registered there.
+  std::string host;
+  for (const WorkerEntry& entry : config_.registry->List()) {
+    if (entry.info.address == address) host = entry.info.host;
+  }
   absl::MutexLock lock(&mu_);
-  Peer& peer = peers_[address];
+  Peer& peer = peers_[absl::StrCat(host, "@", address)];
   if (peer.channel == nullptr) {
-    peer.channel = MakeChannel(address);
+    peer.channel = MakeWorkerChannel(address, host);
     peer.stub = v1::Worker::NewStub(peer.channel);
   }
   return peer;

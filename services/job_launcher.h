@@ -147,7 +147,7 @@ class JobLauncher {
   BackgroundTasks launches_;
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by address; entries stay put
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by host@address; entries stay put
   coordinator::CheckpointCommits commits_{config_.jobs};
   // Restarting jobs: the host incarnation whose failure restarted each, which its next run
   // must not be planned onto (it may still look alive until its heartbeat times out).

@@ -24,16 +24,18 @@ std::string RoleName(Role role) {
     case Role::kWorker: return "worker";
     case Role::kCoordinator: return "coordinator";
     case Role::kAnyAuthenticated: return "any authenticated identity";
+    case Role::kMetrics: return "metrics";
   }
   return "unknown";
 }
 
 absl::StatusOr<Role> ParseRole(const std::string& name) {
-  for (Role role : {Role::kView, Role::kSubmit, Role::kAdmin, Role::kWorker, Role::kCoordinator}) {
+  for (Role role : {Role::kView, Role::kSubmit, Role::kAdmin, Role::kWorker, Role::kCoordinator,
+                    Role::kMetrics}) {
     if (name == RoleName(role)) return role;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "role \"", name, "\" is not one of admin, submit, view, worker, coordinator"));
+      "role \"", name, "\" is not one of admin, submit, view, metrics, worker, coordinator"));
 }
 
 absl::StatusOr<Identity> ParseSpiffeId(const std::string& uri) {
@@ -152,7 +154,7 @@ absl::StatusOr<std::vector<TokenStore::Entry>> TokenStore::Parse(const std::stri
     const auto bad = [&](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tokens file line ", line_number, ": ", why,
-          "; expected \"<sha256 hex of the token> <admin|submit|view> <name>\" (meshrun certs "
+          "; expected \"<sha256 hex of the token> <admin|submit|view|metrics> <name>\" (meshrun certs "
           "token prints one)"));
     };
     if (fields.size() != 3) return bad("needs 3 fields");

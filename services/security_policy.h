@@ -26,10 +26,11 @@
 
 namespace meshrun::services {
 
-enum class Role { kView, kSubmit, kAdmin, kWorker, kCoordinator, kAnyAuthenticated };
+// kMetrics: a scrape token's role, good for the HTTP /metrics endpoint only.
+enum class Role { kView, kSubmit, kAdmin, kWorker, kCoordinator, kAnyAuthenticated, kMetrics };
 
 std::string RoleName(Role role);
-// Parses "view", "submit", "admin", "worker", "coordinator".
+// Parses "view", "submit", "admin", "worker", "coordinator", "metrics".
 // Errors: INVALID_ARGUMENT naming the value and the accepted names.
 absl::StatusOr<Role> ParseRole(const std::string& name);
 

@@ -139,11 +139,22 @@ int WaitForTerminationSignal() {
   return signal;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const std::optional<ExpectedServer>& expect) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, MakeChannelCredentials(ProcessSecurity()), args);
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(ProcessSecurity(), expect),
+                                   args);
+}
+
+std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(const std::string& address) {
+  return MakeChannel(address, ExpectedServer{Role::kCoordinator, ""});
+}
+
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const std::string& host) {
+  return MakeChannel(address, ExpectedServer{Role::kWorker, host});
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/tls_credentials.h"
 
 namespace meshrun::services {
 
@@ -64,7 +65,14 @@ int WaitForTerminationSignal();
 
 // A client channel with meshrun's defaults (no proxy lookups) and the process's credentials
 // (services/tls_credentials.h: mutual TLS and token when configured, else plaintext).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// Without `expect`, any server with a certificate from the cluster CA will do.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const std::optional<ExpectedServer>& expect = std::nullopt);
+// security: a channel to the coordinator (its certificate must say coordinator), or to the
+// worker of `host` (worker/<host>; any worker when `host` is empty).
+std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(const std::string& address);
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const std::string& host);
 
 // A context whose deadline is `timeout` from now. Every meshrun client call has one.
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);

@@ -10,7 +10,10 @@
 namespace meshrun::services {
 
 TelemetryUploader::TelemetryUploader(Config config)
-    : config_(std::move(config)), stub_(v1::Coordinator::NewStub(MakeChannel(config_.coordinator))) {
+    : config_(std::move(config)), stub_(v1::Coordinator::NewStub(
+          config_.credentials != nullptr
+              ? grpc::CreateChannel(config_.coordinator, config_.credentials)
+              : MakeCoordinatorChannel(config_.coordinator))) {
   sender_ = std::thread([this] { SendLoop(); });
 }
 

@@ -29,6 +29,9 @@ class TelemetryUploader {
     std::string coordinator;                         // host:port
     size_t capacity = 4096;                          // summaries kept while unacknowledged
     absl::Duration reconnect_delay = absl::Milliseconds(500);
+    // security: null = the process's credentials, expecting the coordinator's identity
+    // (MakeCoordinatorChannel); benchmarks pass their own.
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;
   };
 
   explicit TelemetryUploader(Config config);

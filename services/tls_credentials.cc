@@ -123,6 +123,43 @@ class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
   const std::string header_;
 };
 
+// The client's check of the server's identity, after gRPC verified its chain against the CA.
+class ServerIdentityVerifier final : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit ServerIdentityVerifier(ExpectedServer expect) : expect_(std::move(expect)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    std::vector<std::string> candidates;
+    for (const grpc::string_ref& uri : request->uri_names()) {
+      candidates.emplace_back(uri.data(), uri.size());
+    }
+    candidates.emplace_back(request->common_name().data(), request->common_name().size());
+    std::string presented;
+    for (const std::string& candidate : candidates) {
+      if (!absl::StartsWith(candidate, "spiffe://")) continue;
+      if (presented.empty()) presented = candidate;
+      absl::StatusOr<Identity> identity = ParseSpiffeId(candidate);
+      if (identity.ok() && identity->role == expect_.role &&
+          (expect_.name.empty() || identity->name == expect_.name)) {
+        *sync_status = grpc::Status::OK;
+        return true;
+      }
+    }
+    const std::string message = absl::StrCat(
+        "wrong server identity: expected ", DescribeExpected(expect_), ", the server presented ",
+        presented.empty() ? "no spiffe:// identity" : presented,
+        " (is the address right? see docs/security.md)");
+    spdlog::warn("{}", message);
+    *sync_status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, message);
+    return true;
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  const ExpectedServer expect_;
+};
+
 bool IsLoopback(const std::string& host) {
   if (host == "localhost") return true;
   in_addr v4;
@@ -222,7 +259,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return credentials;
 }
 
-std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const SecurityConfig& config) {
+std::string DescribeExpected(const ExpectedServer& expect) {
+  return absl::StrCat("spiffe://<cluster>/", RoleName(expect.role), "/",
+                      expect.name.empty() ? "<any name>" : expect.name);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
+    const SecurityConfig& config, const std::optional<ExpectedServer>& expect) {
   if (!TlsEnabled(config)) return grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> provider;
   grpc::experimental::TlsChannelCredentialsOptions options;
@@ -238,7 +281,12 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const SecurityC
   options.watch_root_certs();
   options.set_verify_server_certs(true);  // the chain must lead to --tls_ca
   options.set_check_call_host(false);
-  options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  if (expect.has_value()) {
+    options.set_certificate_verifier(
+        grpc::experimental::ExternalCertificateVerifier::Create<ServerIdentityVerifier>(*expect));
+  } else {
+    options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::experimental::TlsCredentials(options);
   if (config.token.empty()) return credentials;
   return grpc::CompositeChannelCredentials(

@@ -60,10 +60,23 @@ void MarkServingInsecurely();
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& config);
 
+// Who a client expects at the other end of a channel: with TLS, the server's certificate must
+// name this role (and `name`, when not empty) in its spiffe:// identity, or the handshake fails
+// before anything (a token included) is sent, with an error naming the expected and the
+// presented identity. CLI, SDK and workers expect the coordinator; the coordinator expects
+// worker/<host> of the host it calls.
+struct ExpectedServer {
+  Role role = Role::kCoordinator;
+  std::string name;  // empty: any name of that role
+};
+std::string DescribeExpected(const ExpectedServer& expect);
+
 // Channel credentials: TLS verifying the server against the CA (no host-name check: cluster
-// members are addressed by IP as often as by name), the own certificate when given, and the
-// bearer token when given; insecure credentials without TLS.
-std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const SecurityConfig& config);
+// members are addressed by IP as often as by name) and, when `expect` is given, its identity;
+// the own certificate when given, and the bearer token when given; insecure credentials
+// without TLS.
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
+    const SecurityConfig& config, const std::optional<ExpectedServer>& expect = std::nullopt);
 
 // The caller's identity as the access policy established it (nullopt without TLS).
 std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context);

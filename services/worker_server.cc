@@ -258,8 +258,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
       TelemetryUploader::Config{.coordinator = server->config_.coordinator});
   ASSIGN_OR_RETURN(server->executables_,
                    worker::ExecutableStore::Create(server->config_.state_dir + "/executables"));
-  server->kv_client_ =
-      std::make_shared<CoordinatorKeyValueClient>(MakeChannel(server->config_.coordinator));
+  server->kv_client_ = std::make_shared<CoordinatorKeyValueClient>(
+      MakeCoordinatorChannel(server->config_.coordinator));
   if (!server->config_.pjrt_plugin.empty()) {
     ASSIGN_OR_RETURN(server->runtime_,
                      CreatePjrtRuntime(server->config_.pjrt_plugin, server->config_.cpu_devices,
@@ -279,7 +279,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   } else {
     server->advertise_address_ = server->config_.advertise_address;
   }
-  server->coordinator_ = v1::Coordinator::NewStub(MakeChannel(server->config_.coordinator));
+  server->coordinator_ =
+      v1::Coordinator::NewStub(MakeCoordinatorChannel(server->config_.coordinator));
   server->loop_ = std::thread([s = server.get()] { s->RegistrationLoop(); });
   spdlog::info("worker {} listening on port {} (advertised as {}), coordinator {}",
                server->config_.identity.host, server->port_, server->advertise_address_,

@@ -5,7 +5,11 @@
 #   1. plaintext on a non-loopback address is refused without --insecure, and flagged with it;
 #   2. a worker whose certificate names another host is refused; callers without a token, or
 #      with a role too small, get UNAUTHENTICATED / PERMISSION_DENIED naming the role;
-#   3. the main job path (submit, distribute, train, watch, export) succeeds over mTLS.
+#   3. the main job path (submit, distribute, train, watch, export) succeeds over mTLS;
+#   4. every HTTPS endpoint against no identity, unknown token, each role's token, a view client
+#      certificate, a scrape token, the login form and its cookie;
+#   5. clients check who answers: a server with a worker's certificate posing as the
+#      coordinator is refused by the CLI and the Python SDK, naming both identities.
 # Usage: secure_cluster_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -34,7 +38,7 @@ kill $insecure
 ca="$tmp/ca"
 "$bin/meshrun" certs init --dir="$ca" --cluster=test >/dev/null || fail "certs init"
 "$bin/meshrun" certs issue --dir="$ca" --role=coordinator --name=coordinator >/dev/null || fail "issue"
-for w in worker-0 worker-1; do
+for w in worker-0 worker-1 worker-2 worker-3; do
   "$bin/meshrun" certs issue --dir="$ca" --role=worker --name=$w >/dev/null || fail "issue $w"
 done
 submit_token=$("$bin/meshrun" certs token --role=submit --name=ci --tokens_file="$ca/tokens")
@@ -90,10 +94,31 @@ scli export "$job" --format=jsonl --out="$tmp/history.jsonl" 2>/dev/null || fail
 [ "$(wc -l <"$tmp/history.jsonl")" -eq 4 ] || fail "export lines: $(wc -l <"$tmp/history.jsonl")"
 if scli cancel "$job" >"$tmp/bad.txt" 2>&1; then fail "view token cancelled a job"; fi
 [ "$(scli health "127.0.0.1:$port")" = "SERVING" ] || fail "health over TLS"
+# Host replicas on two 4-device workers: gloo's rendezvous through the key-value store works
+# for the job's own members (collectives/<job>/ keys, checked for membership).
+for w in 2 3; do
+  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+    --worker_index=$w --cpu_devices=4 $(tls worker-$w) --state_dir="$tmp/worker-$w" \
+    >"$tmp/worker-$w.log" 2>&1 &
+  pids+=($!)
+done
+MESHRUN_TOKEN=$view_token scli workers --expect=4 --wait=30s >/dev/null || fail "4 workers"
+scli --token_file="$tmp/submit.token" submit "$src/examples/transformer_lm/dp4x2/job.json" \
+  --host_replicas=2 --steps=3 --cadence=1 --follow --wait=300s >"$tmp/replicas.txt" \
+  || fail "host-replica job: $(cat "$tmp/replicas.txt")"
+grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/replicas.txt" || fail "replicas: $(cat "$tmp/replicas.txt")"
+if grep "refused" "$tmp/coordinator.log" | grep -q "collectives/"; then fail "a member's key refused"; fi
 
 # 4. Every HTTPS endpoint: 401 without a token or with an unknown one, 200 for each role's token.
 http=$(sed -n "s/.*HTTP on port \([0-9]*\).*/\1/p" "$tmp/coordinator.log" | head -1)
 admin_token=$("$bin/meshrun" certs token --role=admin --name=ops --tokens_file="$ca/tokens")
+scrape_token=$("$bin/meshrun" certs token --role=metrics --name=prometheus --tokens_file="$ca/tokens")
+"$bin/meshrun" certs issue --dir="$ca" --role=client --roles=view --name=dash >/dev/null || fail "issue dash"
+"$bin/meshrun" certs issue --dir="$ca" --role=client --roles=admin --name=old --days=-1 >/dev/null \
+  || fail "issue an expired certificate"
+"$bin/meshrun" certs init --dir="$tmp/other-ca" --cluster=test >/dev/null || fail "other CA"
+"$bin/meshrun" certs issue --dir="$tmp/other-ca" --role=client --roles=admin --name=eve >/dev/null \
+  || fail "issue eve"
 sleep 1.2  # the tokens file is rechecked once a second
 # HTTPS with the coordinator's certificate (its DNS SAN is "coordinator"), checked against the CA.
 code() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 --cacert "$ca/ca.pem" \
@@ -109,7 +134,30 @@ for path in / /metrics /api/jobs "/api/job?id=$job" /api/workers "/api/memory?ho
     c=$(code -H "Authorization: Bearer $t" "https://coordinator:$http$path")
     [ "$c" != 401 ] && [ "$c" != 403 ] || fail "$path refused a valid token ($c)"
   done
+  c=$(code --cert "$ca/dash.pem" --key "$ca/dash.key" "https://coordinator:$http$path")
+  [ "$c" != 401 ] && [ "$c" != 403 ] || fail "$path refused a view client certificate ($c)"
+  [ "$(code --cert "$ca/worker-0.pem" --key "$ca/worker-0.key" "https://coordinator:$http$path")" = 403 ] \
+    || fail "$path: a worker certificate is not a viewer"
+  [ "$(code --cert "$tmp/other-ca/eve.pem" --key "$tmp/other-ca/eve.key" "https://coordinator:$http$path")" = 000 ] \
+    || fail "$path: an untrusted client certificate was not refused at the handshake"
+  [ "$(code --cert "$ca/old.pem" --key "$ca/old.key" "https://coordinator:$http$path")" = 000 ] \
+    || fail "$path: an expired client certificate was not refused at the handshake"
+  c=$(code -H "Authorization: Bearer $scrape_token" "https://coordinator:$http$path")
+  if [ "$path" = /metrics ]; then [ "$c" = 200 ] || fail "scrape token on /metrics: $c"
+  else [ "$c" = 403 ] || fail "scrape token on $path: $c"; fi
 done
+# The page's login: a browser is sent to /login; the form sets the cookie the page then uses.
+c=$(code -H "Accept: text/html" -D "$tmp/redirect.txt" "https://coordinator:$http/")
+[ "$c" = 303 ] && grep -qi "^location: /login" "$tmp/redirect.txt" || fail "no redirect to /login ($c)"
+[ "$(code "https://coordinator:$http/login")" = 200 ] || fail "login form"
+[ "$(code -X POST --data-urlencode "token=nope" "https://coordinator:$http/login")" = 401 ] \
+  || fail "login with an unknown token"
+[ "$(code -X POST --data-urlencode "token=$scrape_token" "https://coordinator:$http/login")" = 401 ] \
+  || fail "login with a scrape token"
+c=$(code -X POST --data-urlencode "token=$view_token" -c "$tmp/cookies" "https://coordinator:$http/login")
+[ "$c" = 303 ] || fail "login: $c"
+grep -q "meshrun_token" "$tmp/cookies" || fail "login set no cookie"
+[ "$(code -b "$tmp/cookies" "https://coordinator:$http/api/jobs")" = 200 ] || fail "login cookie"
 c=$(code --cookie "meshrun_token=$view_token" "https://coordinator:$http/api/jobs")
 [ "$c" = 200 ] || fail "cookie login: $c"
 grep -q "refused HTTP GET /metrics from 127.0.0.1" "$tmp/coordinator.log" || fail "HTTP refusal not logged"
@@ -119,4 +167,30 @@ sleep 1.2
 [ "$(code -H "Authorization: Bearer $view_token" "https://coordinator:$http/metrics")" = 401 ] \
   || fail "revoked token still accepted over HTTP"
 if scli --token="$view_token" list >/dev/null 2>&1; then fail "revoked token still accepted"; fi
+
+# 5. A server with worker-1's certificate posing as the coordinator: the CLI, and the Python SDK,
+#    refuse it at the handshake (the token is never sent), naming what they expected.
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/impostor" $(tls worker-1) \
+  >"$tmp/impostor.log" 2>&1 &
+pids+=($!)
+real=$port
+await_coordinator "$tmp/impostor.log"
+if "$bin/meshrun" --coordinator="127.0.0.1:$port" --tls_ca="$ca/ca.pem" --token="$admin_token" list \
+    >"$tmp/bad.txt" 2>&1; then
+  fail "the CLI talked to a worker posing as the coordinator"
+fi
+grep -q "expected spiffe://<cluster>/coordinator/<any name>" "$tmp/bad.txt" \
+  && grep -q "presented spiffe://test/worker/worker-1" "$tmp/bad.txt" \
+  || fail "impostor error unclear: $(cat "$tmp/bad.txt")"
+if [ -x "$src/.venv/bin/python" ]; then
+  bash "$src/scripts/install_sdk.sh" >/dev/null
+  sdk() { "$src/.venv/bin/python" -c "import sys, meshrun
+print(len(meshrun.Client(sys.argv[1], tls_ca=sys.argv[2], token=sys.argv[3], timeout=3).list()))" "$@"; }
+  sdk "127.0.0.1:$real" "$ca/ca.pem" "$admin_token" >/dev/null 2>"$tmp/sdk.txt" \
+    || fail "SDK against the coordinator: $(tail -3 "$tmp/sdk.txt")"
+  if sdk "127.0.0.1:$port" "$ca/ca.pem" "$admin_token" >/dev/null 2>"$tmp/sdk.txt"; then
+    fail "the SDK talked to a worker posing as the coordinator"
+  fi
+  grep -q "UNAVAILABLE" "$tmp/sdk.txt" || fail "SDK impostor error: $(tail -3 "$tmp/sdk.txt")"
+fi
 echo "PASS"

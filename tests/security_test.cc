@@ -104,7 +104,7 @@ class SecurityTest : public ::testing::Test {
     Issue(other_ca_, "admin", "mallory");
     tokens_file_ = Dir() + "/tokens";
     std::ofstream tokens(tokens_file_);
-    for (const char* role : {"admin", "submit", "view"}) {
+    for (const char* role : {"admin", "submit", "view", "metrics"}) {
       tokens << Sha256Hex(absl::StrCat("token-", role)) << " " << role << " " << role << "-bot\n";
     }
     tokens.close();
@@ -115,10 +115,14 @@ class SecurityTest : public ::testing::Test {
         {.listen = "127.0.0.1:0", .state_dir = Dir() + "/coordinator-state", .pjrt_plugin = ""});
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = coordinator->release();
+    SecurityConfig worker_security = CertCaller(ca_, "worker-a", ca_);  // its own certificate
+    worker_security.auth_tokens_file = tokens_file_;
+    SetProcessSecurity(worker_security);
     auto worker = WorkerServer::Start({.listen = "127.0.0.1:0",
                                        .coordinator = absl::StrCat("127.0.0.1:", coordinator_->port()),
                                        .identity = {.host = "worker-a"},
                                        .state_dir = Dir() + "/worker-state"});
+    SetProcessSecurity(server);
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = worker->release();
   }
@@ -145,7 +149,7 @@ class SecurityTest : public ::testing::Test {
       callers.push_back({absl::StrCat(RoleName(role), " certificate"), CertCaller(ca_, name, ca_),
                          Identity{role, name, "certificate"}});
     }
-    for (Role role : {Role::kAdmin, Role::kSubmit, Role::kView}) {
+    for (Role role : {Role::kAdmin, Role::kSubmit, Role::kView, Role::kMetrics}) {
       callers.push_back({absl::StrCat(RoleName(role), " token"),
                          {.tls_ca = ca_ + "/ca.pem", .token = "token-" + RoleName(role)},
                          Identity{role, RoleName(role) + "-bot", "token"}});
@@ -190,7 +194,7 @@ TEST_F(SecurityTest, EveryRpcAgainstEveryCaller) {
       }
     }
   }
-  EXPECT_GE(cells, 13 * 30);  // 13 kinds of caller, every RPC of both services
+  EXPECT_GE(cells, 14 * 30);  // 14 kinds of caller, every RPC of both services
 }
 
 TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
@@ -227,6 +231,170 @@ TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
                                  "/meshrun.v1.Coordinator/RegisterWorker",
                                  request.SerializeAsString());
   EXPECT_NE(as_a.error_code(), grpc::StatusCode::PERMISSION_DENIED) << as_a.error_message();
+}
+
+// Job membership (services/job_membership.h): worker-b is registered with a known incarnation
+// and made the only member of a job; worker-a (the fixture's real worker) is not.
+TEST_F(SecurityTest, OnlyTheJobsCurrentWorkersReachItsState) {
+  Issue(ca_, "worker", "worker-b");
+  const SecurityConfig a = CertCaller(ca_, "worker-a", ca_), b = CertCaller(ca_, "worker-b", ca_);
+  const int port = coordinator_->port();
+  const auto register_b = [&](const std::string& incarnation) {
+    v1::RegisterWorkerRequest request;
+    v1::WorkerRegistration* r = request.mutable_registration();
+    r->mutable_protocol()->set_version(1);
+    r->set_host("worker-b");
+    r->set_address("127.0.0.1:1");
+    r->set_incarnation(incarnation);
+    return Call(b, port, "/meshrun.v1.Coordinator/RegisterWorker", request.SerializeAsString());
+  };
+  ASSERT_TRUE(register_b("inc-b1").ok());
+  v1::JobSpec spec;
+  spec.set_name("membership");
+  const std::string job = coordinator_->jobs().Add(spec);
+  ASSERT_TRUE(coordinator_->jobs()
+                  .Update(job, [](v1::JobManifest& m) {
+                    (*m.mutable_host_incarnations())["worker-b"] = "inc-b1";
+                  })
+                  .ok());
+  const std::string key = absl::StrCat("collectives/", job, "/arrived/0");
+  const auto kv = [&](const SecurityConfig& who, const std::string& method, const std::string& k) {
+    if (method == "WaitAtBarrier") {
+      v1::WaitAtBarrierRequest request;
+      request.set_barrier_id(k);
+      request.set_task("t0");
+      request.add_tasks("t0");
+      return Call(who, port, "/meshrun.v1.Coordinator/WaitAtBarrier", request.SerializeAsString());
+    }
+    if (method == "KeyValueList") {
+      v1::KeyValueListRequest request;
+      request.set_directory(k);
+      return Call(who, port, "/meshrun.v1.Coordinator/KeyValueList", request.SerializeAsString());
+    }
+    v1::KeyValueSetRequest request;  // key = 1, value = 2: Get/TryGet/Delete parse its key
+    request.set_key(k);
+    request.set_value("v");
+    request.set_allow_overwrite(true);
+    return Call(who, port, "/meshrun.v1.Coordinator/" + method, request.SerializeAsString());
+  };
+  const auto denied = [](const grpc::Status& status, const std::string& why) {
+    return status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+           absl::StrContains(status.error_message(), why);
+  };
+  // The member: its job's keys, the shared pjrt/ namespace; nothing else.
+  for (const char* method : {"KeyValueSet", "KeyValueTryGet", "KeyValueGet", "KeyValueDelete",
+                             "WaitAtBarrier"}) {
+    SCOPED_TRACE(method);
+    const grpc::Status status = kv(b, method, key);
+    EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  }
+  EXPECT_TRUE(kv(b, "KeyValueList", absl::StrCat("collectives/", job)).ok());
+  EXPECT_TRUE(kv(b, "KeyValueSet", "pjrt/topology/0").ok());
+  EXPECT_TRUE(kv(a, "KeyValueSet", "pjrt/topology/1").ok());
+  EXPECT_TRUE(denied(kv(b, "KeyValueSet", "elsewhere/x"), "outside the namespaces"));
+  EXPECT_TRUE(denied(kv(b, "KeyValueList", "collectives/"), "outside the namespaces"));
+  EXPECT_TRUE(denied(kv(b, "KeyValueSet", "collectives/job-999999/x"), "job-999999 is unknown"));
+  // Another worker: none of the job's keys, barriers, reports or telemetry.
+  for (const char* method : {"KeyValueSet", "KeyValueTryGet", "KeyValueGet", "KeyValueDelete",
+                             "WaitAtBarrier", "KeyValueList"}) {
+    SCOPED_TRACE(method);
+    const grpc::Status status = kv(a, method, key);
+    EXPECT_TRUE(denied(status, "is not a member of job " + job)) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "members: worker-b"));
+  }
+  v1::ReportJobProgressRequest progress;
+  progress.set_job_id(job);
+  progress.set_host("worker-a");
+  progress.set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/ReportJobProgress",
+                          progress.SerializeAsString()),
+                     "not a member"));
+  v1::ReportCheckpointRequest checkpoint;
+  checkpoint.set_job_id(job);
+  checkpoint.set_host("worker-a");
+  EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/ReportCheckpoint",
+                          checkpoint.SerializeAsString()),
+                     "not a member"));
+  v1::HostSummary summary;
+  summary.set_job_id(job);
+  summary.set_host("worker-a");
+  summary.set_step(1);
+  EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/UploadTelemetry",
+                          summary.SerializeAsString()),
+                     "not a member"));
+  // The member, but claiming another incarnation than the job's.
+  progress.set_host("worker-b");
+  progress.set_incarnation("inc-old");
+  EXPECT_TRUE(denied(Call(b, port, "/meshrun.v1.Coordinator/ReportJobProgress",
+                          progress.SerializeAsString()),
+                     "incarnation inc-old is not the one"));
+  summary.set_host("worker-b");
+  summary.set_incarnation("inc-old");
+  EXPECT_TRUE(denied(Call(b, port, "/meshrun.v1.Coordinator/UploadTelemetry",
+                          summary.SerializeAsString()),
+                     "incarnation inc-old is not the one"));
+  progress.set_incarnation("inc-b1");
+  const grpc::Status member = Call(b, port, "/meshrun.v1.Coordinator/ReportJobProgress",
+                                   progress.SerializeAsString());
+  EXPECT_NE(member.error_code(), grpc::StatusCode::PERMISSION_DENIED) << member.error_message();
+  // worker-b restarts: the job's incarnation is no longer current, so its keys are closed.
+  ASSERT_TRUE(register_b("inc-b2").ok());
+  EXPECT_TRUE(denied(kv(b, "KeyValueSet", key), "no longer current"));
+  EXPECT_TRUE(denied(Call(b, port, "/meshrun.v1.Coordinator/ReportJobProgress",
+                          progress.SerializeAsString()),
+                     "no longer current"));
+}
+
+// Clients check who answers: a server with a worker's certificate posing as the coordinator,
+// or the worker of another host, fails the handshake naming both identities.
+TEST_F(SecurityTest, ClientsCheckTheServersIdentity) {
+  SetProcessSecurity(CertCaller(ca_, "worker-a", ca_));  // the impostor's own certificate
+  auto impostor = CoordinatorServer::Start(
+      {.listen = "127.0.0.1:0", .state_dir = Dir() + "/impostor-state", .pjrt_plugin = ""});
+  SecurityConfig server = CertCaller(ca_, "coord", ca_);
+  server.auth_tokens_file = tokens_file_;
+  SetProcessSecurity(server);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  const auto call = [](const SecurityConfig& who, int port, const ExpectedServer& expect,
+                       const std::string& method) {
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                       MakeChannelCredentials(who, expect));
+    grpc::GenericStub stub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    grpc::Slice slice("");
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status status) { done.set_value(std::move(status)); });
+    return done.get_future().get();
+  };
+  const SecurityConfig alice = CertCaller(ca_, "alice", ca_);
+  const std::string list = "/meshrun.v1.Coordinator/ListJobs";
+  const ExpectedServer coordinator{Role::kCoordinator, ""};
+  EXPECT_TRUE(call(alice, coordinator_->port(), coordinator, list).ok());
+  const grpc::Status posing = call(alice, (*impostor)->port(), coordinator, list);
+  EXPECT_EQ(posing.error_code(), grpc::StatusCode::UNAVAILABLE) << posing.error_message();
+  EXPECT_TRUE(absl::StrContains(posing.error_message(),
+                                "expected spiffe://<cluster>/coordinator/<any name>"))
+      << posing.error_message();
+  EXPECT_TRUE(absl::StrContains(posing.error_message(), "presented spiffe://test/worker/worker-a"))
+      << posing.error_message();
+  // A token is never sent to it either: the handshake fails first.
+  const SecurityConfig admin_token{.tls_ca = ca_ + "/ca.pem", .token = "token-admin"};
+  EXPECT_EQ(call(admin_token, (*impostor)->port(), coordinator, list).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // The coordinator's calls to a worker: the host it registered, nobody else.
+  const SecurityConfig coord = CertCaller(ca_, "coord", ca_);
+  const std::string status = "/meshrun.v1.Worker/GetStatus";
+  EXPECT_TRUE(call(coord, worker_->port(), {Role::kWorker, "worker-a"}, status).ok());
+  const grpc::Status other = call(coord, worker_->port(), {Role::kWorker, "worker-b"}, status);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::UNAVAILABLE) << other.error_message();
+  EXPECT_TRUE(absl::StrContains(other.error_message(), "expected spiffe://<cluster>/worker/worker-b"))
+      << other.error_message();
+  EXPECT_TRUE(absl::StrContains(other.error_message(), "presented spiffe://test/worker/worker-a"))
+      << other.error_message();
+  (*impostor)->Drain(absl::Seconds(1));
 }
 
 TEST_F(SecurityTest, RevokedTokenStopsWorkingAfterReload) {

@@ -53,6 +53,7 @@ class WatchFleet {
     int channels = 4;     // connections the watchers are spread over
     v1::WatchTelemetryRequest request;
     size_t expected_summaries = 0;  // per watcher, to reserve the latency buffers up front
+    std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
   };
 
   class Reader final : public grpc::ClientReadReactor<v1::GlobalSummary> {
@@ -109,7 +110,11 @@ class WatchFleet {
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per channel
       args.SetInt("meshrun.fleet_channel", c);
       stubs_.push_back(v1::Coordinator::NewStub(
-          grpc::CreateCustomChannel(config_.address, grpc::InsecureChannelCredentials(), args)));
+          grpc::CreateCustomChannel(config_.address,
+                                    config_.credentials != nullptr
+                                        ? config_.credentials
+                                        : grpc::InsecureChannelCredentials(),
+                                    args)));
     }
     for (int i = 0; i < config_.watchers; ++i) {
       readers_.emplace_back(new Reader(this, stubs_[i % stubs_.size()].get(), config_.request,

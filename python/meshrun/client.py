@@ -2,7 +2,10 @@
 
 Every call has a deadline (`timeout` seconds). TLS: pass `tls_ca` (root certificates file) and,
 for mutual TLS, `tls_cert` + `tls_key`; `token` is sent as `authorization: Bearer <token>` on
-every call. The address defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
+every call. With TLS the server must present the coordinator's certificate (its DNS name
+meshrun-coordinator, which `meshrun certs issue` gives coordinators only), so a worker or any
+other cluster member at that address is refused before the token is sent. The address
+defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
 Errors are grpc.RpcError (the server's status code and message) or meshrun.BundleError."""
 import os
 import time
@@ -13,6 +16,7 @@ from meshrun.bundle import job_spec_from_bundle
 from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
+COORDINATOR_TLS_NAME = "meshrun-coordinator"  # services/cert_authority.h kCoordinatorDnsName
 _TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
@@ -34,7 +38,10 @@ class Client:
             creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca),
                                                  private_key=_read(tls_key),
                                                  certificate_chain=_read(tls_cert))
-            self._channel = grpc.secure_channel(self.address, creds)
+            # The server's identity: only coordinator certificates carry this name.
+            self._channel = grpc.secure_channel(
+                self.address, creds,
+                options=(("grpc.ssl_target_name_override", COORDINATOR_TLS_NAME),))
         else:
             self._channel = grpc.insecure_channel(self.address)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()

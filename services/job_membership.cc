@@ -1,0 +1,87 @@
+#include "services/job_membership.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace meshrun::services {
+namespace {
+
+bool IsWorker(const std::optional<Identity>& caller) {
+  return caller.has_value() && caller->role == Role::kWorker;
+}
+
+absl::Status Refuse(const Identity& worker, const std::string& what, const std::string& why) {
+  const std::string message =
+      absl::StrCat("worker \"", worker.name, "\" may not ", what, ": ", why);
+  spdlog::warn("refused: {}", message);
+  return absl::PermissionDeniedError(message);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JobOfKey(const std::string& key) {
+  std::vector<std::string> parts = absl::StrSplit(key, '/');
+  if (parts.size() >= 2 && parts[0] == "collectives" && !parts[1].empty()) return parts[1];
+  if (parts.size() >= 2 && parts[0] == "pjrt" && !parts[1].empty()) return std::string();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "key-value key \"", key, "\" is outside the namespaces workers may use: "
+      "collectives/<job id>/... (members of that job) and pjrt/... (the PJRT client's "
+      "rendezvous)"));
+}
+
+absl::Status JobMembership::CheckMember(const std::optional<Identity>& caller,
+                                        const std::string& job_id,
+                                        const std::string& incarnation) const {
+  if (!IsWorker(caller)) return absl::OkStatus();
+  return Check(*caller, job_id, incarnation, /*unknown_job_passes=*/true,
+               absl::StrCat("report for job ", job_id));
+}
+
+absl::Status JobMembership::CheckKey(const std::optional<Identity>& caller,
+                                     const std::string& key) const {
+  if (!IsWorker(caller)) return absl::OkStatus();
+  absl::StatusOr<std::string> job = JobOfKey(key);
+  if (!job.ok()) return Refuse(*caller, "use this key", std::string(job.status().message()));
+  if (job->empty()) return absl::OkStatus();  // pjrt/: any worker of the cluster
+  return Check(*caller, *job, "", /*unknown_job_passes=*/false,
+               absl::StrCat("use key-value key \"", key, "\""));
+}
+
+absl::Status JobMembership::Check(const Identity& worker, const std::string& job_id,
+                                  const std::string& incarnation, bool unknown_job_passes,
+                                  const std::string& what) const {
+  absl::StatusOr<std::map<std::string, std::string>> members = jobs_->HostIncarnations(job_id);
+  if (!members.ok()) {
+    if (unknown_job_passes && absl::IsNotFound(members.status())) return absl::OkStatus();
+    return Refuse(worker, what, std::string(members.status().message()));
+  }
+  auto member = members->find(worker.name);
+  if (member == members->end()) {
+    std::vector<std::string> hosts;
+    for (const auto& [host, unused] : *members) hosts.push_back(host);
+    return Refuse(worker, what,
+                  absl::StrCat("it is not a member of job ", job_id, " (members: ",
+                               hosts.empty() ? "none yet" : absl::StrJoin(hosts, ", "), ")"));
+  }
+  if (!incarnation.empty() && incarnation != member->second) {
+    return Refuse(worker, what,
+                  absl::StrCat("incarnation ", incarnation, " is not the one job ", job_id,
+                               " runs on (", member->second, ")"));
+  }
+  // NOT_FOUND: the host has not registered since a coordinator restart; it still is the job's.
+  if (absl::Status current = registry_->CheckCurrent(worker.name, member->second);
+      !current.ok() && !absl::IsNotFound(current)) {
+    return Refuse(worker, what,
+                  absl::StrCat("the incarnation job ", job_id, " runs on is no longer current (",
+                               current.message(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun::services
