@@ -99,9 +99,9 @@ namespace {
 // multihost: the fence telemetry uses (CoordinatorTelemetry's admit).
 TEST_F(WorkerRegistryTest, ListsBySliceThenHostInNaturalOrder) {
   for (const char* host : {"worker-10", "worker-2", "worker-1"}) {
-    ASSERT_TRUE(registry_->Register(Worker(host, "i")).ok());
+    ASSERT_TRUE(registry_->Register(Worker(host, std::string(host) + "-i")).ok());
   }
-  WorkerInfo other_slice = Worker("worker-0", "i");
+  WorkerInfo other_slice = Worker("worker-0", "worker-0-i");
   other_slice.slice_id = 1;
   other_slice.num_slices = 2;
   ASSERT_TRUE(registry_->Register(other_slice).ok());
