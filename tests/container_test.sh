@@ -2,27 +2,29 @@
 # The container (docs/deploy.md, "Container"): without any container registry, buildah builds
 # meshrun's runtime image from scratch (deploy/container/build_image.sh: this build's
 # `cmake --install` prefix plus the Debian 12 shared libraries its binaries link, and XLA's
-# CPU PJRT plugin), then podman runs the image twice on the host network: a coordinator and a
-# worker with 8 CPU devices. The host's CLI reaches them: gRPC health SERVING, the dashboard
-# served from the image, the worker registered with its devices, and the MLP job trained to
-# SUCCEEDED inside the containers. Image and containers live in a private storage root under
-# the test's temp dir (vfs driver) and are gone afterwards.
+# CPU PJRT plugin), then runs the image twice on the host network with `buildah run`
+# (chroot isolation: podman's OCI runtime cannot set rlimits inside this machine's own
+# container): a coordinator and a worker with 8 CPU devices. The host's CLI reaches them: gRPC
+# health SERVING, the dashboard served from the image, the worker registered with its devices,
+# and the MLP job trained to SUCCEEDED inside the image. Image and containers live in a
+# private storage root under the test's temp dir (vfs driver) and are gone afterwards.
 # Usage: container_test.sh <build directory> <source directory>
-# Exits 77 (skipped) when buildah or podman is absent (scripts/setup.sh installs them).
+# Exits 77 (skipped) when buildah is absent (scripts/setup.sh installs it).
 set -euo pipefail
 build=$1
 src=$2
 bin="$build/services"
 source "$src/tests/cluster_lib.sh"
-for tool in buildah podman; do
-  command -v $tool >/dev/null || { echo "SKIP: $tool absent (scripts/setup.sh installs it)"; exit 77; }
-done
+command -v buildah >/dev/null || { echo "SKIP: buildah absent (scripts/setup.sh installs it)"; exit 77; }
 store=(--root "$tmp/storage" --runroot "$tmp/run" --storage-driver vfs)
-names=("mrn-$$-coordinator" "mrn-$$-worker")
 stop_containers() {
-  for n in "${names[@]}"; do podman "${store[@]}" rm -f "$n" >/dev/null 2>&1 || true; done
-  # vfs layers are plain directories; remove what podman left (it runs as root).
-  rm -rf "$tmp/storage" "$tmp/run" 2>/dev/null || true
+  # The processes running inside the image (their root is under our storage), then buildah's.
+  local p
+  for p in /proc/[0-9]*; do
+    case "$(readlink "$p/root" 2>/dev/null)" in "$tmp/storage"/*) kill -9 "${p#/proc/}" 2>/dev/null || true ;; esac
+  done
+  buildah "${store[@]}" rm --all >/dev/null 2>&1 || true
+  buildah "${store[@]}" rmi --all --force >/dev/null 2>&1 || true
   cleanup
 }
 trap stop_containers EXIT
@@ -38,10 +40,11 @@ bash "$src/deploy/container/build_image.sh" "$prefix" "$image" "$plugin" -- "${s
 built=$(date +%s.%N)
 echo "$(tail -1 "$tmp/build.log") in $(awk -v a="$start" -v b="$built" 'BEGIN { printf "%.1f", b - a }') s"
 
-run() {  # name (in `names`), command...
-  local name="mrn-$$-$1"
+run() {  # name, command...: a working container of the image, the command run inside it
+  local ctr
+  ctr=$(buildah "${store[@]}" from --name "mrn-$$-$1" "$image")
   shift
-  podman "${store[@]}" run --rm --name "$name" --network=host --cgroups=disabled "$image" "$@"
+  buildah "${store[@]}" run --isolation chroot --network host "$ctr" -- "$@"
 }
 run coordinator meshrun-coordinator --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
   --pjrt_plugin= --state_dir=/var/lib/meshrun/coordinator >"$tmp/coordinator.log" 2>&1 &

@@ -27,6 +27,8 @@ netns_begin() {
   src=$2
   lm="$src/examples/transformer_lm"
   source "$src/tests/cluster_lib.sh"
+  # The CLI runs in node cli (this replaces cluster_lib.sh's loopback `cli`).
+  cli() { netns_run cli "$bin/meshrun" --coordinator="10.213.0.10:$port" "$@"; }
   netns_require
   fortune_shards
 }
@@ -117,4 +119,3 @@ netns_cluster() {
   done
   cli workers --expect=2 --wait=30s >"$tmp/workers.txt" || fail "workers did not register"
 }
-cli() { netns_run cli "$bin/meshrun" --coordinator="10.213.0.10:$port" "$@"; }
