@@ -44,7 +44,9 @@ run() {  # name, command...: a working container of the image, the command run i
   local ctr
   ctr=$(buildah "${store[@]}" from --name "mrn-$$-$1" "$image")
   shift
-  buildah "${store[@]}" run --isolation chroot --network host "$ctr" -- "$@"
+  # The job's data files are read by the worker at the paths the CLI submitted: mount them.
+  buildah "${store[@]}" run --isolation chroot --network host \
+    --volume "$src/examples:$src/examples:ro" "$ctr" -- "$@"
 }
 run coordinator meshrun-coordinator --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
   --pjrt_plugin= --state_dir=/var/lib/meshrun/coordinator >"$tmp/coordinator.log" 2>&1 &
