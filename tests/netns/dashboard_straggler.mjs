@@ -5,22 +5,15 @@
 //   * the host's row in the workers table is marked (and no other host's is),
 // then saves a screenshot. Usage (from netns_hang_test.sh):
 //   node dashboard_straggler.mjs <web dir with node_modules> <dashboard url> <job> <host> <screenshot.png>
-import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { fail, launchChromium } from '../browser.mjs';
 
 const [webDir, url, job, host, screenshot] = process.argv.slice(2);
 if (!screenshot) {
   console.error('usage: dashboard_straggler.mjs <web dir> <url> <job> <host> <screenshot>');
   process.exit(2);
 }
-const { chromium } = createRequire(join(webDir, 'package.json'))('playwright-core');
-const fail = (message) => { console.error(`FAIL: ${message}`); process.exitCode = 1; };
 const errors = [];
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
-});
+const browser = await launchChromium(webDir);
 try {
   const page = await browser.newPage({ viewport: { width: 1360, height: 900 } });
   page.on('pageerror', (error) => errors.push(String(error)));
