@@ -101,7 +101,7 @@ absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
   const int data = job.mesh().shape_size() > 0 ? job.mesh().shape(0) : 1;
   const int per_host = job.mesh().replica_hosts_size() > 1 ? data : std::max(1, data / hosts);
   std::map<std::string, std::string, NaturalOrder> ordered(job.host_incarnations().begin(),
-                                             job.host_incarnations().end());
+                                                           job.host_incarnations().end());
   for (const auto& [host, incarnation] : ordered) {
     setup.hosts.push_back({.host = host, .replica_count = per_host});
   }
