@@ -21,7 +21,8 @@ netns_cluster --heartbeat_timeout=60s --hang_timeout=${hang_timeout}s --http_lis
 job=$(cli submit "$lm/dp4x2/job.json" --steps=1000000 --cadence=1 --data="$tmp/shards/*.tok")
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" 2>&1 &
 pids+=($!)
-wait_for "$tmp/watch.txt" "^ *5 " || fail "the job did not reach step 5"
+# Up to 60 s: compiling the two programs takes ~40 s on a loaded 2-core machine.
+wait_for "$tmp/watch.txt" "^ *5 " || wait_for "$tmp/watch.txt" "^ *5 " || fail "the job did not reach step 5"
 
 # 1. Straggler.
 ( while true; do kill -STOP "${worker_pid[host-b]}"; sleep 0.3; kill -CONT "${worker_pid[host-b]}"; sleep 0.05; done ) &
