@@ -10,6 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/natural_order.h"
+#include "common/status_macros.h"
+#include "coordinator/multislice.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -19,30 +22,37 @@ using runtime::RuntimeIdentity;
 
 void SortHosts(std::vector<WorkerInfo>& hosts) {
   std::stable_sort(hosts.begin(), hosts.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
-    return std::tie(a.slice_id, a.worker_index, a.host) <
-           std::tie(b.slice_id, b.worker_index, b.host);
+    if (a.slice_id != b.slice_id) return a.slice_id < b.slice_id;
+    if (a.worker_index != b.worker_index) return a.worker_index < b.worker_index;
+    return NaturalLess(a.host, b.host);
   });
 }
 
-// "dp=8 tp=2" style, leaving out axes of size 1 except dp.
-std::string Sizes(int64_t dp, int64_t ep, int64_t tp) {
+// "dp=8 tp=2" style, leaving out axes of size 1 except dp; "dp=16 (dcn 2 x ici 8)" over slices.
+std::string Sizes(int64_t dp, int64_t ep, int64_t tp, int64_t slices = 1) {
   std::string out = absl::StrCat("dp=", dp);
+  if (slices > 1) absl::StrAppend(&out, " (dcn ", slices, " x ici ", dp / slices, ")");
   if (ep > 1) absl::StrAppend(&out, " ep=", ep);
   if (tp > 1) absl::StrAppend(&out, " tp=", tp);
   return out;
 }
 
-// What fits `devices` devices on hosts of `per_host` chips, keeping the requested ep when
-// it can be kept. Never empty: dp=devices always fits.
-std::string Fits(int64_t devices, int64_t per_host, int requested_ep) {
-  const int64_t ep = (requested_ep > 1 && devices % requested_ep == 0) ? requested_ep : 1;
+// What fits `devices` devices on hosts of `per_host` chips in `slices` slices, keeping the
+// requested ep when it can be kept. Never empty: dp=devices always fits.
+std::string Fits(int64_t devices, int64_t per_host, int requested_ep, int64_t slices = 1) {
+  const int64_t per_slice = devices / slices;
+  const int64_t ep = (requested_ep > 1 && per_slice % requested_ep == 0) ? requested_ep : 1;
   std::vector<std::string> options;
   for (int64_t tp = 1; tp <= per_host; ++tp) {
-    if (per_host % tp != 0 || devices % (ep * tp) != 0) continue;
-    options.push_back(Sizes(devices / (ep * tp), ep, tp));
+    if (per_host % tp != 0 || per_slice % (ep * tp) != 0) continue;
+    options.push_back(Sizes(devices / (ep * tp), ep, tp, slices));
   }
   return absl::StrCat("fits: ", absl::StrJoin(options, ", "), " (dp*ep*tp = ", devices,
-                      " devices, tp dividing the ", per_host, " chips of a host)");
+                      " devices, tp dividing the ", per_host, " chips of a host",
+                      slices > 1 ? absl::StrCat(", ep*tp dividing the ", per_slice,
+                                                " devices of a slice")
+                                 : "",
+                      ")");
 }
 
 // Groups hosts by a per-host label, in order of first appearance: "8 on a, b; 4 on c".
@@ -106,11 +116,17 @@ std::string MeshPlan::ToString() const {
   std::vector<std::string> axes;
   for (size_t i = 0; i < axis_names.size() && i < shape.size(); ++i) {
     axes.push_back(absl::StrCat(axis_names[i], "=", shape[i]));
+    if (i < dcn_shape.size() && i < ici_shape.size() && dcn_shape[i] > 1) {
+      absl::StrAppend(&axes.back(), " (dcn ", dcn_shape[i], " x ici ", ici_shape[i], ")");
+    }
   }
+  const std::string slices = num_slices > 1 ? absl::StrCat(" in ", num_slices, " slices") : "";
   const std::string where =
       replica_hosts.size() > 1
-          ? absl::StrCat(" on each of ", replica_hosts.size(), " hosts (data-parallel, ")
-          : absl::StrCat(" on ", hosts.size(), hosts.size() == 1 ? " host (" : " hosts (");
+          ? absl::StrCat(" on each of ", replica_hosts.size(), " hosts", slices,
+                         " (data-parallel, ")
+          : absl::StrCat(" on ", hosts.size(), hosts.size() == 1 ? " host" : " hosts", slices,
+                         " (");
   return absl::StrCat(absl::StrJoin(axes, " x "), where, runtime::ToString(runtime), ")");
 }
 
@@ -245,14 +261,17 @@ absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<Worker
                      "; a mesh needs the same count on every host"));
   }
 
+  ASSIGN_OR_RETURN(const SliceLayout slices, GroupSlices(hosts, /*equal_sizes=*/true));
+  const int64_t num_slices = slices.num_slices;
   const int64_t per_host = static_cast<int64_t>(hosts[0].devices.size());
   const int64_t devices = per_host * static_cast<int64_t>(hosts.size());
-  const std::string where = absl::StrCat(devices, " devices (", hosts.size(),
-                                         hosts.size() == 1 ? " host of " : " hosts of ",
-                                         per_host, ")");
+  const int64_t per_slice = devices / num_slices;
+  const std::string where = absl::StrCat(
+      devices, " devices (", hosts.size(), hosts.size() == 1 ? " host of " : " hosts of ",
+      per_host, num_slices > 1 ? absl::StrCat(" in ", num_slices, " slices") : "", ")");
   auto refuse = [&](const std::string& what) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, "; ", Fits(devices, per_host, request.ep)));
+        absl::StrCat(what, "; ", Fits(devices, per_host, request.ep, num_slices)));
   };
   if (request.tp > per_host) {
     return refuse(absl::StrCat("tp=", request.tp, " exceeds the ", per_host,
@@ -316,6 +335,12 @@ absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<Worker
                                " and a mesh spans every device of its hosts", fewer));
   }
 
+  if (num_slices > 1 && per_slice % (ep * tp) != 0) {
+    return refuse(absl::StrCat("an expert x model group of ep*tp=", ep * tp,
+                               " devices would span slices; it must lie within one slice of ",
+                               per_slice, " devices"));
+  }
+
   MeshPlan plan;
   plan.dp = static_cast<int>(dp);
   plan.ep = static_cast<int>(ep);
@@ -334,6 +359,15 @@ absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<Worker
       plan.device_hosts.push_back(host.host);
     }
   }
+  if (num_slices > 1) {
+    plan.num_slices = static_cast<int>(num_slices);
+    plan.dcn_shape.assign(plan.shape.size(), 1);
+    plan.dcn_shape[0] = num_slices;
+    plan.ici_shape = plan.shape;
+    plan.ici_shape[0] = dp / num_slices;
+    for (const WorkerInfo& host : hosts) plan.host_slices[host.host] = host.slice_id;
+    plan.megascale = MegascaleByHost(slices, hosts);
+  }
   return plan;
 }
 
@@ -344,12 +378,27 @@ absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,
     return absl::InvalidArgumentError(
         absl::StrCat("mesh.host_replicas is ", replicas, "; use 1 (or 0) for one host"));
   }
+  ASSIGN_OR_RETURN(const SliceLayout slices, GroupSlices(eligible, /*equal_sizes=*/false));
+  if (replicas % slices.num_slices != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh.host_replicas is ", replicas, " but the hosts form ", slices.num_slices,
+        " slices and replicas are spread evenly over them; use a multiple of ",
+        slices.num_slices));
+  }
+  const int per_slice = replicas / slices.num_slices;
+  std::map<int, int> taken;  // by slice
   std::optional<MeshPlan> plan;
   std::vector<std::string> chosen, passed_over;
+  std::vector<WorkerInfo> chosen_hosts;
   int busy_fits = 0;
   for (const WorkerInfo& host : eligible) {
     if (static_cast<int>(chosen.size()) == replicas) break;
-    absl::StatusOr<MeshPlan> one = PlanMesh(request, {host});
+    const int slice = slices.num_slices > 1 ? host.slice_id : 0;
+    if (taken[slice] == per_slice) continue;
+    WorkerInfo alone = host;  // one host's own mesh: no slices inside it
+    alone.slice_id = 0;
+    alone.num_slices = 1;
+    absl::StatusOr<MeshPlan> one = PlanMesh(request, {alone});
     if (!one.ok()) {
       passed_over.push_back(absl::StrCat(host.host, ": ", one.status().message()));
     } else if (plan.has_value() && one->device_ids != plan->device_ids) {
@@ -361,11 +410,16 @@ absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,
     } else {
       if (!plan.has_value()) plan = *std::move(one);
       chosen.push_back(host.host);
+      chosen_hosts.push_back(host);
+      ++taken[slice];
     }
   }
   if (static_cast<int>(chosen.size()) < replicas) {
     const std::string message = absl::StrCat(
         "the job needs ", replicas, replicas == 1 ? " CPU host" : " CPU hosts",
+        slices.num_slices > 1 ? absl::StrCat(" (", per_slice, " in each of ",
+                                             slices.num_slices, " slices)")
+                              : "",
         " with a free worker its mesh fits; ", chosen.size(), " found",
         passed_over.empty() ? "" : " (", absl::StrJoin(passed_over, "; "),
         passed_over.empty() ? "" : ")");
@@ -378,6 +432,12 @@ absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,
   if (replicas > 1) {
     plan->replica_hosts = chosen;
     plan->device_hosts.clear();
+  }
+  if (slices.num_slices > 1) {
+    plan->num_slices = slices.num_slices;
+    for (const WorkerInfo& host : chosen_hosts) plan->host_slices[host.host] = host.slice_id;
+    ASSIGN_OR_RETURN(const SliceLayout used, GroupSlices(chosen_hosts, /*equal_sizes=*/false));
+    plan->megascale = MegascaleByHost(used, chosen_hosts);
   }
   return *std::move(plan);
 }

@@ -27,10 +27,17 @@
 // All zero is therefore pure data parallelism over every device. A mesh always spans every
 // device of every host it is given; to run on fewer hosts, pass fewer hosts.
 //
+// Multislice (hosts declaring num_slices > 1, coordinator/multislice.h): `data` is split into
+// a DCN part, the number of slices, outermost, and an ICI part inside each slice (MaxText's
+// dcn_data_parallelism x ici_data_parallelism); expert and model groups must lie within one
+// slice (ep*tp divides a slice's devices). The plan records the split and the MEGASCALE_*
+// settings of every host. Hosts sort by (slice, worker index, host name in natural order).
+//
 // Thread-safety: free functions on values; safe to call concurrently.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -38,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/worker_registry.h"
 #include "worker/runtime/identity.h"
+#include "worker/runtime/megascale.h"
 
 namespace meshrun::coordinator {
 
@@ -61,6 +69,14 @@ struct MeshPlan {
   // Host replicas (PlanCpuJob with replicas > 1): the hosts, in data order, that each run the
   // whole mesh on their own devices; device_ids are then one host's and device_hosts is empty.
   std::vector<std::string> replica_hosts;
+  // Multislice (num_slices > 1; all empty otherwise): per axis of `shape`, the part across
+  // slices (DCN: num_slices on data, 1 elsewhere) and within one slice (ICI); shape is their
+  // product. host_slices: each planned host's slice; megascale: what libtpu gets on each host.
+  int num_slices = 1;
+  std::vector<int64_t> dcn_shape;
+  std::vector<int64_t> ici_shape;
+  std::map<std::string, int> host_slices;
+  std::map<std::string, runtime::MegascaleConfig> megascale;
 
   // "data=2 x model=8 on 2 hosts (tpu ...)".
   std::string ToString() const;
@@ -78,14 +94,18 @@ std::vector<std::string> MeshAxisNames(int ep, int tp);
 //   FAILED_PRECONDITION (the message says what would fit): no hosts; a host without devices;
 //     hosts with different device counts (each named with its count); hosts with different
 //     runtimes (each named with its version); tp larger than the chips of one host or not
-//     dividing them; dp*ep*tp larger than, smaller than, or not dividing the device count.
+//     dividing them; dp*ep*tp larger than, smaller than, or not dividing the device count;
+//     inconsistent slices (see GroupSlices); an expert x model group that would span slices.
 absl::StatusOr<MeshPlan> PlanMesh(const MeshRequest& request, std::vector<WorkerInfo> hosts);
 
 // A CPU job's hosts and mesh. XLA's CPU client only sees its own process's devices, so a CPU
 // mesh never spans hosts: the job takes the first `replicas` hosts of `eligible` (in order)
 // that are not `busy` and on whose devices `request` plans; with replicas > 1 each of them
 // runs that mesh on its own devices, data-parallel across hosts (docs/multihost_cpu.md).
-// Errors: INVALID_ARGUMENT (replicas < 1); UNAVAILABLE (enough hosts fit but some are busy:
+// Multislice CPU hosts (each host its own "slice", e.g. tests): the replicas are spread evenly,
+// replicas / num_slices from each slice, and the plan says which slice each host is in.
+// Errors: INVALID_ARGUMENT (replicas < 1); FAILED_PRECONDITION (inconsistent slices, or
+// replicas not a multiple of the slice count); UNAVAILABLE (enough hosts fit but some are busy:
 // retry later); FAILED_PRECONDITION (fewer than `replicas` hosts fit the mesh; every host
 // passed over is named with why).
 absl::StatusOr<MeshPlan> PlanCpuJob(const MeshRequest& request, int replicas,

@@ -75,8 +75,7 @@ std::vector<ProgressMonitor::Hang> ProgressMonitor::Overdue() {
 }
 
 ProgressMonitor::Hang ProgressMonitor::Describe(
-    const std::string& job_id, const std::map<std::string, HostProgress>& hosts,
-    absl::Time now) const {
+    const std::string& job_id, const Hosts& hosts, absl::Time now) const {
   // Lowest step first; then a host not waiting in a collective; then the stalest report.
   auto rank = [](const HostProgress& p) {
     return std::make_tuple(p.step, p.phase == kPhaseGradientAllReduce, p.reported);

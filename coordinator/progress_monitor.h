@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/natural_order.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 
@@ -69,13 +70,14 @@ class ProgressMonitor {
     absl::Time reported;     // last report (job start before any)
     bool ever_reported = false;
   };
+  // A job's hosts in natural order (w-2 before w-10): ties are broken and waits listed so.
+  using Hosts = std::map<std::string, HostProgress, NaturalOrder>;
   explicit ProgressMonitor(Config config) : config_(config) {}
-  Hang Describe(const std::string& job_id, const std::map<std::string, HostProgress>& hosts,
-                absl::Time now) const;
+  Hang Describe(const std::string& job_id, const Hosts& hosts, absl::Time now) const;
 
   const Config config_;
   absl::Mutex mu_;
-  std::map<std::string, std::map<std::string, HostProgress>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Hosts> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::coordinator

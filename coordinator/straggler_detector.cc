@@ -55,7 +55,7 @@ bool StragglerDetector::Observe(const std::string& job_id, const std::string& ho
 
 bool StragglerDetector::Judge(Job& job, const std::map<std::string, double>& times) {
   if (times.size() < 2) return false;
-  const std::set<std::string> before = job.flagged;
+  const auto before = job.flagged;
   for (const auto& [host, t] : times) {
     std::vector<double> peers;
     for (const auto& [other, u] : times) {

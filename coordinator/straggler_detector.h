@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/natural_order.h"
 
 namespace meshrun::coordinator {
 
@@ -40,7 +41,7 @@ class StragglerDetector {
   // Returns true when the job's flagged hosts changed. Ignored for unknown jobs or hosts.
   bool Observe(const std::string& job_id, const std::string& host, int64_t step,
                double step_time_seconds);
-  // The hosts flagged now, sorted; empty for unknown jobs.
+  // The hosts flagged now, in natural order (w-2 before w-10); empty for unknown jobs.
   std::vector<std::string> Flagged(const std::string& job_id);
 
  private:
@@ -48,7 +49,7 @@ class StragglerDetector {
     std::vector<std::string> hosts;
     std::map<int64_t, std::map<std::string, double>> pending;  // step -> host -> seconds
     std::map<std::string, int> slow_streak;
-    std::set<std::string> flagged;
+    std::set<std::string, NaturalOrder> flagged;  // worker-2 before worker-10
   };
   explicit StragglerDetector(Config config) : config_(config) {}
   bool Judge(Job& job, const std::map<std::string, double>& times);

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/natural_order.h"
 
 namespace meshrun::coordinator {
 
@@ -139,6 +140,11 @@ std::vector<WorkerEntry> WorkerRegistry::List() {
   std::vector<WorkerEntry> entries;
   entries.reserve(by_host_.size());
   for (const auto& [host, entry] : by_host_) entries.push_back(entry);
+  // Grouped by slice, then hosts in natural order (worker-2 before worker-10).
+  std::stable_sort(entries.begin(), entries.end(), [](const WorkerEntry& a, const WorkerEntry& b) {
+    if (a.info.slice_id != b.info.slice_id) return a.info.slice_id < b.info.slice_id;
+    return NaturalLess(a.info.host, b.info.host);
+  });
   return entries;
 }
 

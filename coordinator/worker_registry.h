@@ -83,7 +83,8 @@ class WorkerRegistry {
   // incarnation), each once, so their jobs can be failed.
   std::vector<WorkerEntry> ExpireOverdue();
 
-  // Every host's current entry, sorted by host. Expires overdue workers first.
+  // Every host's current entry, by slice and then host name in natural order (w-2 before
+  // w-10). Expires overdue workers first.
   std::vector<WorkerEntry> List();
 
   absl::Duration heartbeat_timeout() const { return config_.heartbeat_timeout; }

@@ -97,6 +97,19 @@ namespace meshrun::coordinator {
 namespace {
 
 // multihost: the fence telemetry uses (CoordinatorTelemetry's admit).
+TEST_F(WorkerRegistryTest, ListsBySliceThenHostInNaturalOrder) {
+  for (const char* host : {"worker-10", "worker-2", "worker-1"}) {
+    ASSERT_TRUE(registry_->Register(Worker(host, std::string(host) + "-i")).ok());
+  }
+  WorkerInfo other_slice = Worker("worker-0", "worker-0-i");
+  other_slice.slice_id = 1;
+  other_slice.num_slices = 2;
+  ASSERT_TRUE(registry_->Register(other_slice).ok());
+  std::vector<std::string> hosts;
+  for (const WorkerEntry& entry : registry_->List()) hosts.push_back(entry.info.host);
+  EXPECT_EQ(hosts, (std::vector<std::string>{"worker-1", "worker-2", "worker-10", "worker-0"}));
+}
+
 TEST(WorkerRegistryFenceTest, OnlyTheCurrentAliveIncarnationPasses) {
   FakeClock clock;
   auto registry = WorkerRegistry::Create({.heartbeat_timeout = absl::Seconds(10), .clock = &clock});

@@ -18,6 +18,9 @@ packages=(
 )
 # Checkpoints: zstd, to read the chunks Orbax compresses (checkpoint/orbax_read.cc).
 packages+=(libzstd-dev)
+# multihost (issue 18): buildah, to build and run the container image from scratch without a
+# registry (deploy/container/build_image.sh, container_test).
+packages+=(buildah)
 # Node.js: Debian's, unless a node with npm is already installed.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/natural_order.h"
 #include "common/status_macros.h"
 #include "coordinator/job_table.h"
 
@@ -130,8 +131,8 @@ absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
   const int hosts = std::max(1, job.host_incarnations_size());
   const int data = job.mesh().shape_size() > 0 ? job.mesh().shape(0) : 1;
   const int per_host = job.mesh().replica_hosts_size() > 1 ? data : std::max(1, data / hosts);
-  std::map<std::string, std::string> ordered(job.host_incarnations().begin(),
-                                             job.host_incarnations().end());
+  std::map<std::string, std::string, NaturalOrder> ordered(job.host_incarnations().begin(),
+                                                           job.host_incarnations().end());
   for (const auto& [host, incarnation] : ordered) {
     setup.hosts.push_back({.host = host, .replica_count = per_host});
   }

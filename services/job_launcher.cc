@@ -130,6 +130,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     for (int32_t id : plan.device_ids) mesh->add_device_ids(id);
     for (const std::string& host : plan.device_hosts) mesh->add_device_hosts(host);
     for (const std::string& host : plan.replica_hosts) mesh->add_replica_hosts(host);
+    if (plan.num_slices > 1) SetMultislice(plan, *mesh);
     *m.mutable_runtime() = ToProto(plan.runtime);
     for (const WorkerInfo& host : hosts) {
       (*m.mutable_host_incarnations())[host.host] = host.incarnation;

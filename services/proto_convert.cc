@@ -1,5 +1,7 @@
 #include "services/proto_convert.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace meshrun::services {
 
 v1::RuntimeIdentity ToProto(const runtime::RuntimeIdentity& identity) {
@@ -115,6 +117,22 @@ v1::WorkerState ToProto(coordinator::WorkerState state) {
     case coordinator::WorkerState::kLeft: return v1::WORKER_STATE_LEFT;
   }
   return v1::WORKER_STATE_UNSPECIFIED;
+}
+
+void SetMultislice(const coordinator::MeshPlan& plan, v1::MeshAssignment& mesh) {
+  mesh.set_num_slices(plan.num_slices);
+  for (int64_t size : plan.dcn_shape) mesh.add_dcn_shape(static_cast<int32_t>(size));
+  for (int64_t size : plan.ici_shape) mesh.add_ici_shape(static_cast<int32_t>(size));
+  for (const auto& [host, slice] : plan.host_slices) (*mesh.mutable_host_slices())[host] = slice;
+  for (const std::string& host : plan.hosts) {
+    auto it = plan.megascale.find(host);
+    if (it == plan.megascale.end()) continue;
+    v1::HostEnvironment* env = mesh.add_megascale();
+    env->set_host(host);
+    for (const auto& [name, value] : runtime::MegascaleEnvironment(it->second)) {
+      env->add_variables(absl::StrCat(name, "=", value));
+    }
+  }
 }
 
 }  // namespace meshrun::services

@@ -1,6 +1,7 @@
 // Conversions between wire messages and the logic libraries' plain types. Pure; thread-safe.
 #pragma once
 
+#include "coordinator/mesh_planner.h"
 #include "coordinator/worker_registry.h"
 #include "absl/status/statusor.h"
 #include "meshrun/v1/coordinator.pb.h"
@@ -22,6 +23,10 @@ coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration);
 v1::WorkerState ToProto(coordinator::WorkerState state);
 
 v1::HostSummary ToProto(const worker::HostStepSummary& summary);
+
+// The multislice part of a plan (num_slices, DCN / ICI shapes, host slices, each host's
+// MEGASCALE_* variables in the plan's host order) into `mesh`.
+void SetMultislice(const coordinator::MeshPlan& plan, v1::MeshAssignment& mesh);
 
 // The per-device signature a program declares (its tensors' shard shapes).
 // Errors: INVALID_ARGUMENT naming a tensor with an unknown dtype.

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "services/binary_setup.h"
 #include "services/gce_metadata.h"
 #include "services/server_support.h"
@@ -10,6 +11,7 @@
 #include "services/worker_server.h"
 #include "worker/host_identity.h"
 #include "worker/runtime/backends.h"
+#include "worker/runtime/megascale.h"
 
 ABSL_FLAG(std::string, listen, "",
           "HOST:PORT to serve on; port 0 picks a free port; default [::]:7071 with TLS, "
@@ -28,6 +30,12 @@ ABSL_FLAG(std::string, tpu_metadata, "auto",
 ABSL_FLAG(int, worker_index, 0, "index of this host in its slice (TPU_WORKER_ID wins)");
 ABSL_FLAG(int, slice_id, 0, "slice of this host (MEGASCALE_SLICE_ID wins)");
 ABSL_FLAG(int, num_slices, 1, "number of slices (MEGASCALE_NUM_SLICES wins)");
+ABSL_FLAG(std::string, megascale_coordinator, "",
+          "multislice (num_slices > 1): host name of slice 0's worker 0, where libtpu's "
+          "megascale coordinator runs (MEGASCALE_COORDINATOR_ADDRESS wins); default on slice 0: "
+          "TPU_WORKER_HOSTNAMES[0], or this host as worker 0");
+ABSL_FLAG(int, megascale_port, meshrun::runtime::kDefaultMegascalePort,
+          "multislice: the megascale coordinator's port (MEGASCALE_PORT wins)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for the local executable cache; default "
           "$XDG_STATE_HOME/meshrun/worker-<host> or ~/.local/state/meshrun/worker-<host>");
@@ -71,6 +79,28 @@ int main(int argc, char** argv) {
        .worker_index = absl::GetFlag(FLAGS_worker_index)},
       TpuEnvironment());
   if (!identity.ok()) ExitWithError(std::string(identity.status().message()), 2);
+  // Multislice: libtpu reads MEGASCALE_* when the runtime is created (WorkerServer::Start).
+  auto megascale = meshrun::runtime::ResolveMegascale(
+      {.host = identity->host,
+       .slice_id = identity->slice_id,
+       .num_slices = identity->num_slices,
+       .worker_index = identity->worker_index,
+       .slice_hostnames = identity->slice_hostnames,
+       .flag_coordinator = absl::GetFlag(FLAGS_megascale_coordinator),
+       .flag_port = absl::GetFlag(FLAGS_megascale_port)},
+      meshrun::worker::ProcessEnvironment());
+  if (!megascale.ok()) ExitWithError(std::string(megascale.status().message()), 2);
+  if (megascale->has_value()) {
+    if (absl::Status s = meshrun::runtime::ExportMegascaleEnvironment(**megascale); !s.ok()) {
+      ExitWithError(std::string(s.message()), 1);
+    }
+    std::string variables;
+    for (const auto& [name, value] : meshrun::runtime::MegascaleEnvironment(**megascale)) {
+      absl::StrAppend(&variables, " ", name, "=", value);
+    }
+    spdlog::info("multislice: slice {} of {}; the runtime gets{}", identity->slice_id,
+                 identity->num_slices, variables);
+  }
   std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) {
     state_dir = meshrun::services::DefaultStateDir("worker-" + identity->host);

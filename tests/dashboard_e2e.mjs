@@ -6,23 +6,15 @@
 // then saves a screenshot. Usage (from dashboard_e2e_test.sh):
 //   node dashboard_e2e.mjs <web dir with node_modules> <dashboard url> <screenshot.png> -- <submit command...>
 import { spawnSync } from 'node:child_process';
-import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { fail, launchChromium } from './browser.mjs';
 
 const [webDir, url, screenshot, dashdash, ...submit] = process.argv.slice(2);
 if (dashdash !== '--' || submit.length === 0) {
   console.error('usage: dashboard_e2e.mjs <web dir> <url> <screenshot> -- <submit command>');
   process.exit(2);
 }
-const { chromium } = createRequire(join(webDir, 'package.json'))('playwright-core');
-
 const errors = [];
-const fail = (message) => { console.error(`FAIL: ${message}`); process.exitCode = 1; };
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
-});
+const browser = await launchChromium(webDir);
 try {
   const page = await browser.newPage({ viewport: { width: 1360, height: 1100 } });
   const requests = [];

@@ -2,8 +2,11 @@
 # The main job across network namespaces (docs/netns_cluster.md): a coordinator, two workers
 # of 4 CPU devices and the CLI, each in its own namespace with its own address on a private
 # bridge (10.213.0.0/24, tests/netns/netns_lib.sh). Workers advertise those addresses; gloo's
-# all-reduce runs between them over the bridge.
-#   1. transformer_lm/dp4x2 on token shards of real text, a few steps, across the namespaces;
+# all-reduce runs between them over the bridge. The two workers are two slices of one host
+# each (multislice, docs/deploy.md): data-parallel across the slices.
+#   1. transformer_lm/dp4x2 on token shards of real text, a few steps, across the namespaces
+#      and the slices: the plan records both slices and each host's MEGASCALE_* settings, the
+#      workers exported the same into their environment; 3 replicas over 2 slices are refused;
 #   2. the coordinator cut off from every worker for 1 s mid-job: the workers keep stepping and
 #      buffer telemetry; after the heal every step's summary is there exactly once;
 #   3. host-b's link cut mid-job: within 2 heartbeat timeouts the job FAILS naming host-b;
@@ -12,15 +15,11 @@
 # Usage: netns_cluster_test.sh <directory of the binaries> <source directory>
 # Exits 77 (skipped) without root / namespaces, the fortunes text or the project's Python.
 set -euo pipefail
-bin=$1
-src=$2
-lm="$src/examples/transformer_lm"
-source "$src/tests/cluster_lib.sh"
-source "$src/tests/netns/netns_lib.sh"
-netns_require
-fortune_shards
+source "$(dirname "$0")/netns_lib.sh"
+netns_begin "$@"
 heartbeat_timeout=4
 # The hang timeout bounds gloo's all-reduce (2 x 8 s): a fenced worker blocked in it stops soon.
+netns_slices=2
 netns_cluster --heartbeat_timeout=${heartbeat_timeout}s --hang_timeout=8s
 for a in 10.213.0.11 10.213.0.12; do
   grep -q "$a:" "$tmp/workers.txt" || fail "no worker advertises $a: $(cat "$tmp/workers.txt")"
@@ -35,7 +34,22 @@ grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/main.txt" || fail "dp4x2: $(cat "$tmp
 for host in host-a host-b; do
   grep -q "replica_hosts: \"$host\"" "$tmp/main.txt" || fail "$host is not a replica host"
 done
-echo "1. dp4x2 across namespaces: SUCCEEDED"
+# Multislice: host-a is slice 0 (and the megascale coordinator), host-b slice 1.
+grep -q "num_slices: 2" "$tmp/main.txt" || fail "the plan has no 2 slices: $(cat "$tmp/main.txt")"
+for want in 'key: "host-b"' 'value: 1' 'variables: "MEGASCALE_COORDINATOR_ADDRESS=10.213.0.11"' \
+            'variables: "MEGASCALE_SLICE_ID=1"' 'variables: "MEGASCALE_NUM_SLICES=2"' \
+            'variables: "MEGASCALE_PORT=8080"'; do
+  grep -qF "$want" "$tmp/main.txt" || fail "the plan lacks $want: $(grep -A30 "^mesh" "$tmp/main.txt")"
+done
+for host in host-a:0 host-b:1; do
+  grep -q "multislice: slice ${host#*:} of 2; the runtime gets MEGASCALE_COORDINATOR_ADDRESS=10.213.0.11 MEGASCALE_NUM_SLICES=2 MEGASCALE_PORT=8080 MEGASCALE_SLICE_ID=${host#*:}" \
+    "$tmp/${host%:*}.log" || fail "${host%:*} did not export its MEGASCALE_* settings"
+done
+cli submit "$lm/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --wait=60s \
+  --data="$tmp/shards/*.tok" >"$tmp/three.txt" 2>&1 && fail "3 replicas over 2 slices succeeded"
+grep -q "mesh.host_replicas is 3 but the hosts form 2 slices" "$tmp/three.txt" \
+  || fail "3 replicas over 2 slices: unclear refusal: $(cat "$tmp/three.txt")"
+echo "1. dp4x2 across namespaces and 2 slices: SUCCEEDED; $(grep -m1 "ASSIGNED" "$tmp/coordinator.log" | sed 's/.*ASSIGNED: //')"
 
 # 2. The coordinator cut off from all workers for 1 s (less than the heartbeat timeout).
 steps=40

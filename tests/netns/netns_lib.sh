@@ -1,4 +1,10 @@
-# A cluster in network namespaces (docs/netns_cluster.md). Source after cluster_lib.sh.
+# A cluster in network namespaces (docs/netns_cluster.md). A test starts with
+#   set -euo pipefail
+#   source "$(dirname "$0")/netns_lib.sh"
+#   netns_begin "$@"     # <directory of the binaries> <source directory>
+# which sets `bin`, `src` and `lm` (examples/transformer_lm), sources tests/cluster_lib.sh
+# (temp dir, `fail`, `wait_for`, ...), exits 77 (skipped) unless namespaces can be made here,
+# and writes the token shards of real text the jobs train on (`fortune_shards`).
 #
 # Each run makes namespaces named mrn-<pid>-<node>: one holding the private bridge `br0`
 # (mrn-<pid>-br) and one per node (coordinator, each worker, the CLI), each joined to the
@@ -16,6 +22,16 @@
 # Teardown: every namespace of this run on exit (trap), and at start every mrn-* namespace
 # whose run (pid) is gone; processes still inside a namespace are killed before it goes.
 netns_prefix="mrn-$$"
+netns_begin() {
+  bin=$1
+  src=$2
+  lm="$src/examples/transformer_lm"
+  source "$src/tests/cluster_lib.sh"
+  # The CLI runs in node cli (this replaces cluster_lib.sh's loopback `cli`).
+  cli() { netns_run cli "$bin/meshrun" --coordinator="10.213.0.10:$port" "$@"; }
+  netns_require
+  fortune_shards
+}
 netns_require() {
   if [ "$(id -u)" -ne 0 ]; then
     echo "SKIP: network namespaces need root (run as root or skip label netns)"; exit 77
@@ -70,7 +86,10 @@ netns_link() { ip -n "$netns_prefix-$1" link set eth0 "$2"; }
 # The usual cluster: nodes coord (10.213.0.10), cli (.2), host-a (.11) and host-b (.12); the
 # coordinator started with the given extra flags, `cli` running the CLI in node cli, and
 # workers host-a and host-b (4 CPU devices each; pids in worker_pid) registered. Needs `bin`.
+# With netns_slices=2 set before, host-a is slice 0 and host-b slice 1 (multislice: each its
+# own slice, the megascale coordinator on host-a's address).
 declare -A worker_pid
+netns_slices=1
 netns_cluster() {
   netns_up
   netns_node coord 10.213.0.10
@@ -83,15 +102,20 @@ netns_cluster() {
     --state_dir="$tmp/coordinator" "$@" >"$tmp/coordinator.log" 2>&1 &
   pids+=($!)
   await_coordinator "$tmp/coordinator.log"
-  local spec host address index
+  local spec host address index slice
   for spec in host-a:10.213.0.11:0 host-b:10.213.0.12:1; do
     IFS=: read -r host address index <<<"$spec"
+    if [ "$netns_slices" -gt 1 ]; then
+      slice=(--num_slices="$netns_slices" --slice_id="$index" --worker_index=0
+             --megascale_coordinator=10.213.0.11)
+    else
+      slice=(--worker_index="$index")
+    fi
     netns_spawn "$host" "$bin/meshrun-worker" --listen="$address:0" --insecure \
-      --coordinator="10.213.0.10:$port" --host="$host" --worker_index="$index" \
+      --coordinator="10.213.0.10:$port" --host="$host" "${slice[@]}" \
       --cpu_devices=4 --state_dir="$tmp/$host" >"$tmp/$host.log" 2>&1 &
     pids+=($!)
     worker_pid[$host]=$!
   done
   cli workers --expect=2 --wait=30s >"$tmp/workers.txt" || fail "workers did not register"
 }
-cli() { netns_run cli "$bin/meshrun" --coordinator="10.213.0.10:$port" "$@"; }

@@ -292,18 +292,47 @@ function renderJobHeader() {
   $('#job-state').className = `badge ${state}`;
   const step = Math.max(Number(job?.last_step || 0), latestStep);
   $('#job-progress').textContent = job ? `step ${step} of ${job.spec?.steps}` : '';
+  const slow = job?.state === 'JOB_STATE_RUNNING' ? (job.straggler_hosts || []) : [];
+  $('#job-stragglers').textContent = slow.length ? `straggler: ${slow.join(', ')}` : '';
+  $('#job-stragglers').dataset.stragglers = slow.join(' ');
   const manifest = job ? JSON.stringify(job, null, 2) : '';
   if ($('#manifest').textContent !== manifest) $('#manifest').textContent = manifest;
 }
 
 // ---- tables ---------------------------------------------------------------------------
 
+// Hosts the straggler detector flags now, over the running jobs: host -> [job ids].
+function stragglers() {
+  const byHost = new Map();
+  for (const job of jobsById.values()) {
+    if (job.state !== 'JOB_STATE_RUNNING') continue;
+    for (const host of job.straggler_hosts || []) {
+      byHost.set(host, [...(byHost.get(host) || []), job.job_id]);
+    }
+  }
+  return byHost;
+}
+
+function stragglerBadge(hosts, title) {
+  return el('span', { class: 'badge straggler', 'data-stragglers': hosts.join(' '), title },
+    `straggler: ${hosts.join(', ')}`);
+}
+
+// "data=16 (dcn 2 x ici 8) model=4": the DCN x ICI split of a multislice mesh.
+function meshText(mesh) {
+  return (mesh?.axis_names || []).map((axis, i) => {
+    const dcn = Number(mesh.dcn_shape?.[i] || 1);
+    const split = dcn > 1 ? ` (dcn ${dcn} x ici ${mesh.ici_shape?.[i]})` : '';
+    return `${axis}=${mesh.shape[i]}${split}`;
+  }).join(' ');
+}
+
 function renderJobs() {
   const body = $('#jobs tbody');
   const rows = [...jobsById.values()].reverse().map((job) => {
     const state = short(job.state, 'JOB_STATE_');
-    const mesh = (job.mesh?.axis_names || [])
-      .map((axis, i) => `${axis}=${job.mesh.shape[i]}`).join(' ');
+    const mesh = meshText(job.mesh);
+    const slow = job.state === 'JOB_STATE_RUNNING' ? (job.straggler_hosts || []) : [];
     const step = job.job_id === selectedJob
       ? Math.max(Number(job.last_step), latestStep) : job.last_step;
     const created = new Date(Number(job.created_unix_micros) / 1000).toLocaleTimeString();
@@ -314,7 +343,8 @@ function renderJobs() {
     },
     el('td', { class: 'mono' }, job.job_id),
     el('td', {}, job.spec?.name || ''),
-    el('td', {}, el('span', { class: `badge ${state}` }, state)),
+    el('td', {}, el('span', { class: `badge ${state}` }, state),
+      ...(slow.length ? [stragglerBadge(slow, 'hosts slower than their peers in this job')] : [])),
     el('td', { class: 'num' }, `${step} / ${job.spec?.steps}`),
     el('td', { class: 'mono' }, mesh),
     el('td', { class: 'muted' }, created));
@@ -358,11 +388,16 @@ async function refreshWorkers() {
     const { workers = [] } = await getJson('api/workers');
     const ask = workers.filter((w) => w.state === 'WORKER_STATE_ALIVE' && !memory.has(w.registration.host));
     await Promise.all(ask.map((w) => refreshMemory(w.registration.host)));
+    const slow = stragglers();
     const rows = workers.map((worker) => {
       const state = short(worker.state, 'WORKER_STATE_');
       const host = worker.registration.host;
-      return el('tr', { 'data-host': host },
-        el('td', { class: 'mono' }, host),
+      const slices = Number(worker.registration.num_slices || 1);
+      const jobs = slow.get(host) || [];
+      return el('tr', { 'data-host': host, ...(jobs.length ? { 'data-straggler': jobs.join(' ') } : {}) },
+        el('td', { class: 'mono' }, host,
+          ...(slices > 1 ? [el('span', { class: 'muted slice' }, `slice ${worker.registration.slice_id || 0}`)] : []),
+          ...(jobs.length ? [el('span', { class: 'badge straggler', title: `straggler in ${jobs.join(', ')}` }, 'straggler')] : [])),
         el('td', {}, el('span', { class: `badge ${state}`, title: worker.state_reason }, state)),
         el('td', { class: 'muted' }, ago(worker.last_heartbeat_unix_micros)),
         el('td', { class: 'num' }, String((worker.registration.devices || []).length)),
