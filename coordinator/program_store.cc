@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/lru.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 
@@ -128,22 +129,11 @@ absl::StatusOr<v1::Program> ProgramStore::Read(const std::string& job_id, v1::Pr
 }
 
 void ProgramStore::EvictLocked() {
-  int64_t total = 0;
-  for (const auto& [sha, use] : uses_) total += use.bytes;
-  const absl::Time recent = absl::Now() - config_.keep_recent;
-  while (total > config_.max_bytes) {
-    auto oldest = uses_.end();
-    for (auto it = uses_.begin(); it != uses_.end(); ++it) {
-      if (it->second.last < recent &&
-          (oldest == uses_.end() || it->second.last < oldest->second.last)) {
-        oldest = it;
-      }
-    }
-    if (oldest == uses_.end()) return;
+  for (const std::string& sha :
+       LruEvictions(uses_, config_.max_bytes, absl::Now() - config_.keep_recent)) {
     std::error_code error;
-    std::filesystem::remove(PathOf(oldest->first), error);
-    total -= oldest->second.bytes;
-    uses_.erase(oldest);
+    std::filesystem::remove(PathOf(sha), error);
+    uses_.erase(sha);
   }
 }
 

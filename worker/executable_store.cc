@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/file_sync.h"
+#include "common/lru.h"
 #include "common/status_macros.h"
 
 namespace meshrun::worker {
@@ -96,22 +97,12 @@ ExecutableStore::ExecutableStore(std::string directory, Limits limits)
     : directory_(std::move(directory)), limits_(limits), flusher_([this] { FlushLoop(); }) {}
 
 void ExecutableStore::EvictLocked() {
-  int64_t total = 0;
-  for (const auto& [fp, use] : uses_) total += use.bytes;
-  const absl::Time recent = absl::Now() - limits_.keep_recent;
-  while (total > limits_.max_bytes) {
-    auto oldest = uses_.end();
-    for (auto it = uses_.begin(); it != uses_.end(); ++it) {
-      if (it->second.last < recent && (oldest == uses_.end() || it->second.last < oldest->second.last)) {
-        oldest = it;
-      }
-    }
-    if (oldest == uses_.end()) return;  // all in recent use: over the cap until they age
+  for (const std::string& fp :
+       LruEvictions(uses_, limits_.max_bytes, absl::Now() - limits_.keep_recent)) {
     spdlog::info("executable store: evicted {} ({} bytes; the store keeps {} bytes)",
-                 oldest->first.substr(0, 12), oldest->second.bytes, limits_.max_bytes);
-    ::unlink(PathOf(oldest->first).c_str());
-    total -= oldest->second.bytes;
-    uses_.erase(oldest);
+                 fp.substr(0, 12), uses_[fp].bytes, limits_.max_bytes);
+    ::unlink(PathOf(fp).c_str());
+    uses_.erase(fp);
   }
 }
 
