@@ -101,7 +101,7 @@ def main():
     ap.add_argument("bin")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--kv_rounds", type=int, default=4)
-    ap.add_argument("--max_growth_mib", type=float, default=48)
+    ap.add_argument("--max_growth_mib", type=float, default=32)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--coordinator_flags", default="--submit_rate=0",
                     help="extra flags (the default lifts the SubmitJob rate limit)")
