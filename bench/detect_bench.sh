@@ -25,7 +25,7 @@ trap 'for p in $(cat "$tmp/round_pids" 2>/dev/null); do kill -9 "$p" 2>/dev/null
 round() {
   local flags=$1 signal=$2 dir="$tmp/r$RANDOM"
   mkdir -p "$dir"
-  "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$dir/c" $flags >"$dir/c.log" 2>&1 &
+  "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$dir/c" --data_root="$tmp" $flags >"$dir/c.log" 2>&1 &
   local cpid=$!
   track $cpid
   await_coordinator "$dir/c.log"

@@ -12,13 +12,13 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
+#include "coordinator/spec_limits.h"
 #include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
 
 namespace meshrun::coordinator {
 namespace {
 
-constexpr int64_t kMaxProgramBytes = 256 << 20;
 const std::set<std::string> kDTypes = {"pred", "s8",  "s16", "s32", "s64", "u8",  "u16",
                                        "u32",  "u64", "f16", "bf16", "f32", "f64"};
 
@@ -340,6 +340,7 @@ const char* CompileMode(const v1::JobSpec& spec) { return IsModeB(spec) ? "B" : 
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.name().empty()) return Invalid("name", "is empty; name the job");
+  RETURN_IF_ERROR(CheckSpecBounds(spec));
   std::set<std::string> roles;
   for (int i = 0; i < spec.programs_size(); ++i) {
     const v1::Program& p = spec.programs(i);
@@ -353,9 +354,6 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid(field + ".role", absl::StrCat("\"", p.role(), "\" appears twice"));
     }
     if (p.stablehlo().empty()) return Invalid(field + ".stablehlo", "is empty");
-    if (static_cast<int64_t>(p.stablehlo().size()) > kMaxProgramBytes) {
-      return Invalid(field + ".stablehlo", absl::StrCat("is over ", kMaxProgramBytes, " bytes"));
-    }
     if (absl::Status s = CheckTensors(p.inputs(), field + ".inputs"); !s.ok()) return s;
     if (absl::Status s = CheckTensors(p.outputs(), field + ".outputs"); !s.ok()) {
       return s;
@@ -483,7 +481,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       }
     }
   }
-  return absl::OkStatus();
+  return CheckDeclarations(spec);
 }
 
 }  // namespace meshrun::coordinator

@@ -14,6 +14,28 @@
 namespace meshrun::coordinator {
 namespace {
 
+// What an exporter writes besides a test's fields: each tensor's shard_shape (here unsplit: its
+// shape), and init making the state (coordinator/spec_limits.h checks both).
+v1::JobSpec AsExported(v1::JobSpec spec) {
+  v1::Program* init = nullptr;
+  const v1::Program* last = nullptr;
+  for (v1::Program& p : *spec.mutable_programs()) {
+    for (auto* list : {p.mutable_inputs(), p.mutable_outputs()}) {
+      for (v1::TensorSpec& t : *list) {
+        if (t.shard_shape_size() == 0) *t.mutable_shard_shape() = t.shape();
+      }
+    }
+    if (p.role() == "init") init = &p;
+    if (p.role() == "step" || p.role() == "apply") last = &p;
+  }
+  for (int i = 0; init != nullptr && last != nullptr && i < spec.state_count() &&
+                  i < last->inputs_size() && init->outputs_size() <= i;
+       ++i) {
+    *init->add_outputs() = last->inputs(i);
+  }
+  return spec;
+}
+
 v1::JobSpec GoodSpec() {
   v1::JobSpec spec;
   spec.set_name("mlp");
@@ -39,7 +61,7 @@ v1::JobSpec GoodSpec() {
   return spec;
 }
 
-TEST(JobValidationTest, AcceptsAWellFormedJob) { EXPECT_TRUE(ValidateJobSpec(GoodSpec()).ok()); }
+TEST(JobValidationTest, AcceptsAWellFormedJob) { EXPECT_TRUE(ValidateJobSpec(AsExported(GoodSpec())).ok()); }
 
 TEST(JobValidationTest, EachRefusalNamesItsField) {
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
@@ -63,7 +85,7 @@ TEST(JobValidationTest, EachRefusalNamesItsField) {
   for (const auto& [mutate, expected] : cases) {
     v1::JobSpec spec = GoodSpec();
     mutate(spec);
-    const absl::Status status = ValidateJobSpec(spec);
+    const absl::Status status = ValidateJobSpec(AsExported(spec));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
@@ -111,7 +133,7 @@ TEST(JobValidationTest, RefusesBatchInputsTokenDataCannotFill) {
   for (const auto& [mutate, expected] : cases) {
     v1::JobSpec spec = TokenSpec("/nonexistent/*.tok");
     mutate(spec);
-    const absl::Status status = ValidateJobSpec(spec);
+    const absl::Status status = ValidateJobSpec(AsExported(spec));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
@@ -122,9 +144,9 @@ TEST(JobValidationTest, RefusesBatchInputsTokenDataCannotFill) {
   ids->set_dtype("s32");
   ids->add_shape(8);
   ids->add_shape(64);
-  EXPECT_TRUE(ValidateJobSpec(ok).ok()) << ValidateJobSpec(ok);
+  EXPECT_TRUE(ValidateJobSpec(AsExported(ok)).ok()) << ValidateJobSpec(AsExported(ok));
   ok.mutable_data()->set_synthetic(true);
-  EXPECT_TRUE(ValidateJobSpec(ok).ok()) << ValidateJobSpec(ok);
+  EXPECT_TRUE(ValidateJobSpec(AsExported(ok)).ok()) << ValidateJobSpec(AsExported(ok));
 }
 
 TEST(JobValidationTest, DataReceiptNamesTheGlobAndFile) {
@@ -184,7 +206,7 @@ v1::JobSpec SparseSpec() {
 }
 
 TEST(JobValidationTest, SparseAttentionContractIsChecked) {
-  EXPECT_TRUE(ValidateJobSpec(SparseSpec()).ok()) << ValidateJobSpec(SparseSpec());
+  EXPECT_TRUE(ValidateJobSpec(AsExported(SparseSpec())).ok()) << ValidateJobSpec(AsExported(SparseSpec()));
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
       {[](v1::JobSpec& s) { s.mutable_sparse_attention()->set_block_q(24); },
        "block_q=24 does not divide seq_len=64"},
@@ -210,7 +232,7 @@ TEST(JobValidationTest, SparseAttentionContractIsChecked) {
   for (const auto& [mutate, expected] : cases) {
     v1::JobSpec spec = SparseSpec();
     mutate(spec);
-    const absl::Status status = ValidateJobSpec(spec);
+    const absl::Status status = ValidateJobSpec(AsExported(spec));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
@@ -246,7 +268,7 @@ v1::JobSpec MoeSpec() {
 }
 
 TEST(JobValidationTest, ModeBNeedsGradApplyAndAccumulation) {
-  EXPECT_TRUE(ValidateJobSpec(MoeSpec()).ok()) << ValidateJobSpec(MoeSpec());
+  EXPECT_TRUE(ValidateJobSpec(AsExported(MoeSpec())).ok()) << ValidateJobSpec(AsExported(MoeSpec()));
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
       {[](v1::JobSpec& s) { s.set_grad_accumulation(0); }, "spec.grad_accumulation is 0"},
       {[](v1::JobSpec& s) { s.set_model_family(v1::MODEL_FAMILY_DENSE); },
@@ -262,31 +284,31 @@ TEST(JobValidationTest, ModeBNeedsGradApplyAndAccumulation) {
   for (const auto& [mutate, expected] : cases) {
     v1::JobSpec spec = MoeSpec();
     mutate(spec);
-    const absl::Status status = ValidateJobSpec(spec);
+    const absl::Status status = ValidateJobSpec(AsExported(spec));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
   }
   v1::JobSpec dense = GoodSpec();
   dense.set_grad_accumulation(2);
-  EXPECT_NE(ValidateJobSpec(dense).message().find("only compile mode B jobs"),
+  EXPECT_NE(ValidateJobSpec(AsExported(dense)).message().find("only compile mode B jobs"),
             absl::string_view::npos);
 }
 
 TEST(JobValidationTest, HostReplicasNeedModeBWithF32Accumulators) {
   v1::JobSpec spec = MoeSpec();
   spec.mutable_mesh()->set_host_replicas(2);
-  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  EXPECT_TRUE(ValidateJobSpec(AsExported(spec)).ok()) << ValidateJobSpec(AsExported(spec));
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
       {[](v1::JobSpec& s) { s.mutable_mesh()->set_host_replicas(-1); },
-       "spec.mesh.host_replicas is negative"},
+       "spec.mesh.host_replicas is -1"},
       {[](v1::JobSpec& s) { s.mutable_programs(2)->mutable_inputs(1)->set_dtype("s32"); },
        "spec.mesh.host_replicas needs f32 accumulators; apply input acc is s32"},
   };
   for (const auto& [mutate, expected] : cases) {
     v1::JobSpec bad = spec;
     mutate(bad);
-    const absl::Status status = ValidateJobSpec(bad);
+    const absl::Status status = ValidateJobSpec(AsExported(bad));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
     EXPECT_NE(status.message().find(expected), absl::string_view::npos)
         << "wanted \"" << expected << "\" in: " << status.message();
@@ -294,12 +316,12 @@ TEST(JobValidationTest, HostReplicasNeedModeBWithF32Accumulators) {
   // A dense model runs as host replicas in mode B too, but not from one step program.
   v1::JobSpec dense = spec;
   dense.set_model_family(v1::MODEL_FAMILY_DENSE);
-  EXPECT_TRUE(ValidateJobSpec(dense).ok()) << ValidateJobSpec(dense);
+  EXPECT_TRUE(ValidateJobSpec(AsExported(dense)).ok()) << ValidateJobSpec(AsExported(dense));
   v1::JobSpec step = GoodSpec();
   step.mutable_mesh()->set_host_replicas(2);
-  EXPECT_NE(ValidateJobSpec(step).message().find("host_replicas needs compile mode B"),
+  EXPECT_NE(ValidateJobSpec(AsExported(step)).message().find("host_replicas needs compile mode B"),
             absl::string_view::npos)
-      << ValidateJobSpec(step);
+      << ValidateJobSpec(AsExported(step));
 }
 
 TEST(JobValidationTest, CompileModeFollowsModelFamily) {

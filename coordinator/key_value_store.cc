@@ -1,5 +1,7 @@
 #include "coordinator/key_value_store.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,11 +13,16 @@ namespace meshrun::coordinator {
 namespace {
 // How often the timer thread looks for expired waiters; bounds how late a timeout fires.
 constexpr absl::Duration kTimerPeriod = absl::Milliseconds(10);
+
+std::string NamespaceOf(const std::string& key) { return key.substr(0, key.find('/')); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KeyValueStore>> KeyValueStore::Create(Config config) {
-  if (config.max_value_bytes <= 0 || config.max_keys <= 0) {
-    return absl::InvalidArgumentError("max_value_bytes and max_keys must be positive");
+  for (int64_t limit : {config.max_key_bytes, config.max_value_bytes, config.max_keys,
+                        config.max_total_bytes, config.max_keys_per_namespace,
+                        config.max_bytes_per_namespace, config.max_barriers,
+                        config.max_barrier_tasks, config.max_waiters}) {
+    if (limit <= 0) return absl::InvalidArgumentError("every key-value limit must be positive");
   }
   return std::unique_ptr<KeyValueStore>(new KeyValueStore(config));
 }
@@ -49,6 +56,11 @@ absl::Status KeyValueStore::Set(const std::string& key, std::string value, bool 
     return absl::InvalidArgumentError(
         absl::StrCat("key \"", key, "\" is empty or ends in '/'; name a key, not a directory"));
   }
+  if (static_cast<int64_t>(key.size()) > config_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key has ", key.size(),
+                                                   " bytes; the limit is ",
+                                                   config_.max_key_bytes));
+  }
   if (static_cast<int64_t>(value.size()) > config_.max_value_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("value of key ", key, " has ", value.size(),
                                                    " bytes; the limit is ",
@@ -62,10 +74,13 @@ absl::Status KeyValueStore::Set(const std::string& key, std::string value, bool 
       return absl::AlreadyExistsError(
           absl::StrCat("key ", key, " is already set; pass allow_overwrite to replace it"));
     }
-    if (it == values_.end() && static_cast<int64_t>(values_.size()) >= config_.max_keys) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the store holds its limit of ", config_.max_keys, " keys; delete some"));
+    const bool exists = it != values_.end();
+    const int64_t old_bytes = exists ? static_cast<int64_t>(key.size() + it->second.size()) : 0;
+    const int64_t bytes = static_cast<int64_t>(key.size() + value.size());
+    if (absl::Status quota = CheckQuotaLocked(key, exists, old_bytes, bytes); !quota.ok()) {
+      return quota;
     }
+    AccountLocked(key, exists ? 0 : 1, bytes - old_bytes);
     values_[key] = value;
     auto [first, last] = get_waiters_.equal_range(key);
     for (auto w = first; w != last; ++w) ready.push_back(std::move(w->second.done));
@@ -87,6 +102,9 @@ void KeyValueStore::GetAsync(const std::string& key, absl::Time deadline, GetCal
       answer = absl::CancelledError("key-value store shutting down");
     } else if (auto it = values_.find(key); it != values_.end()) {
       answer = it->second;
+    } else if (static_cast<int64_t>(get_waiters_.size()) >= config_.max_waiters) {
+      answer = absl::ResourceExhaustedError(absl::StrCat(
+          config_.max_waiters, " calls already wait for keys; retry later"));
     } else {
       get_waiters_.emplace(key, GetWaiter{key, deadline, std::move(done)});
       return;
@@ -118,12 +136,18 @@ absl::Status KeyValueStore::Delete(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("key is empty");
   absl::MutexLock lock(&mu_);
   if (!absl::EndsWith(key, "/")) {
-    if (values_.erase(key) == 0) return absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
+    auto it = values_.find(key);
+    if (it == values_.end()) return absl::NotFoundError(absl::StrCat("key ", key, " is not set"));
+    AccountLocked(key, -1, -static_cast<int64_t>(key.size() + it->second.size()));
+    values_.erase(it);
     return absl::OkStatus();
   }
   auto first = values_.lower_bound(key);
   auto last = first;
-  while (last != values_.end() && absl::StartsWith(last->first, key)) ++last;
+  while (last != values_.end() && absl::StartsWith(last->first, key)) {
+    AccountLocked(last->first, -1, -static_cast<int64_t>(last->first.size() + last->second.size()));
+    ++last;
+  }
   if (first == last) return absl::NotFoundError(absl::StrCat("no keys under ", key));
   values_.erase(first, last);
   return absl::OkStatus();
@@ -137,8 +161,22 @@ void KeyValueStore::WaitAtBarrier(const std::string& barrier_id, const std::stri
   std::vector<BarrierCallback> released;
   {
     absl::MutexLock lock(&mu_);
+    int64_t name_bytes = static_cast<int64_t>(barrier_id.size());
+    for (const std::string& t : task_set) name_bytes = std::max<int64_t>(name_bytes, t.size());
     if (barrier_id.empty()) {
       answer = absl::InvalidArgumentError("barrier_id is empty");
+    } else if (name_bytes > config_.max_key_bytes) {
+      answer = absl::InvalidArgumentError(absl::StrCat(
+          "barrier id or a task name has ", name_bytes, " bytes; the limit is ",
+          config_.max_key_bytes));
+    } else if (static_cast<int64_t>(task_set.size()) > config_.max_barrier_tasks) {
+      answer = absl::InvalidArgumentError(absl::StrCat("barrier ", barrier_id, " names ",
+                                                       task_set.size(), " tasks; the limit is ",
+                                                       config_.max_barrier_tasks));
+    } else if (!barriers_.contains(barrier_id) &&
+               static_cast<int64_t>(barriers_.size()) >= config_.max_barriers) {
+      answer = absl::ResourceExhaustedError(absl::StrCat(
+          config_.max_barriers, " barriers are live; wait for them to complete or expire"));
     } else if (!task_set.contains(task)) {
       answer = absl::InvalidArgumentError(absl::StrCat(
           "task \"", task, "\" is not among the barrier's tasks (", absl::StrJoin(tasks, ", "),
@@ -149,6 +187,7 @@ void KeyValueStore::WaitAtBarrier(const std::string& barrier_id, const std::stri
       auto [it, created] = barriers_.try_emplace(barrier_id);
       Barrier& barrier = it->second;
       if (created) barrier.tasks = task_set;
+      barrier.touched = absl::Now();
       if (barrier.tasks != task_set) {
         answer = absl::InvalidArgumentError(absl::StrCat(
             "barrier ", barrier_id, " expects tasks (", absl::StrJoin(barrier.tasks, ", "),
@@ -170,6 +209,7 @@ void KeyValueStore::WaitAtBarrier(const std::string& barrier_id, const std::stri
 }
 
 void KeyValueStore::TimerLoop() {
+  absl::Time collected = absl::Now();
   while (true) {
     std::vector<std::pair<GetCallback, std::string>> expired_gets;
     std::vector<std::pair<BarrierCallback, std::string>> expired_barriers;
@@ -179,6 +219,10 @@ void KeyValueStore::TimerLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), kTimerPeriod);
       if (shutting_down_) return;
       const absl::Time now = absl::Now();
+      if (now - collected >= absl::Seconds(1)) {
+        CollectBarriersLocked(now);
+        collected = now;
+      }
       for (auto it = get_waiters_.begin(); it != get_waiters_.end();) {
         if (it->second.deadline <= now) {
           expired_gets.emplace_back(std::move(it->second.done),
@@ -209,6 +253,59 @@ void KeyValueStore::TimerLoop() {
     for (auto& [done, why] : expired_gets) done(absl::DeadlineExceededError(why));
     for (auto& [done, why] : expired_barriers) done(absl::DeadlineExceededError(why));
   }
+}
+
+absl::Status KeyValueStore::CheckQuotaLocked(const std::string& key, bool exists,
+                                             int64_t old_bytes, int64_t bytes) {
+  const std::string space = NamespaceOf(key);
+  const Usage& used = namespaces_[space];
+  const int64_t more = bytes - old_bytes;
+  if (!exists && total_.keys >= config_.max_keys) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store holds its limit of ", config_.max_keys, " keys; delete some"));
+  }
+  if (total_.bytes + more > config_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the store holds its limit of ", config_.max_total_bytes, " bytes; delete some keys"));
+  }
+  if (!exists && used.keys >= config_.max_keys_per_namespace) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("namespace \"", space, "/\" holds its limit of ",
+                     config_.max_keys_per_namespace, " keys; delete some"));
+  }
+  if (used.bytes + more > config_.max_bytes_per_namespace) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("namespace \"", space, "/\" holds its limit of ",
+                     config_.max_bytes_per_namespace, " bytes; delete some keys"));
+  }
+  return absl::OkStatus();
+}
+
+void KeyValueStore::AccountLocked(const std::string& key, int64_t keys, int64_t bytes) {
+  total_.keys += keys;
+  total_.bytes += bytes;
+  auto it = namespaces_.try_emplace(NamespaceOf(key)).first;
+  it->second.keys += keys;
+  it->second.bytes += bytes;
+  if (it->second.keys == 0) namespaces_.erase(it);
+}
+
+void KeyValueStore::CollectBarriersLocked(absl::Time now) {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    if (it->second.waiters.empty() && now - it->second.touched >= config_.barrier_ttl) {
+      it = barriers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+KeyValueStore::Stats KeyValueStore::stats() {
+  absl::MutexLock lock(&mu_);
+  return {.keys = total_.keys,
+          .bytes = total_.bytes,
+          .barriers = static_cast<int64_t>(barriers_.size()),
+          .waiters = static_cast<int64_t>(get_waiters_.size())};
 }
 
 absl::StatusOr<std::string> KeyValueStore::Get(const std::string& key, absl::Duration timeout) {

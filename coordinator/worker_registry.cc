@@ -48,6 +48,9 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
     replaced.state_reason = absl::StrCat("replaced by new incarnation ", info.incarnation);
     newly_dead_.push_back(std::move(replaced));
   }
+  if (!entry.info.incarnation.empty()) {
+    replaced_.emplace_back(config_.clock->Now(), entry.info.incarnation);
+  }
   entry = WorkerEntry{.info = info,
                       .state = WorkerState::kAlive,
                       .last_heartbeat = config_.clock->Now(),
@@ -122,6 +125,24 @@ void WorkerRegistry::ExpireOverdueLocked() {
                                         " (timeout ",
                                         absl::FormatDuration(config_.heartbeat_timeout), ")");
       newly_dead_.push_back(entry);
+    }
+  }
+  ForgetLocked(now);
+}
+
+void WorkerRegistry::ForgetLocked(absl::Time now) {
+  if (config_.forget_after <= absl::ZeroDuration()) return;
+  while (!replaced_.empty() && now - replaced_.front().first >= config_.forget_after) {
+    incarnation_host_.erase(replaced_.front().second);
+    replaced_.pop_front();
+  }
+  for (auto it = by_host_.begin(); it != by_host_.end();) {
+    if (it->second.state != WorkerState::kAlive &&
+        now - it->second.last_heartbeat >= config_.forget_after) {
+      incarnation_host_.erase(it->second.info.incarnation);
+      it = by_host_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

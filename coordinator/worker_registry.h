@@ -12,6 +12,7 @@
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +54,10 @@ class WorkerRegistry {
  public:
   struct Config {
     absl::Duration heartbeat_timeout = absl::Seconds(10);
+    // A DEAD or LEFT host is forgotten this long after its last heartbeat, and a replaced
+    // incarnation this long after it was replaced (a registration with it is then a new
+    // member); zero: never (docs/limits.md).
+    absl::Duration forget_after = absl::Hours(1);
     Clock* clock = &RealClock();
   };
 
@@ -83,8 +88,8 @@ class WorkerRegistry {
   // incarnation), each once, so their jobs can be failed.
   std::vector<WorkerEntry> ExpireOverdue();
 
-  // Every host's current entry, by slice and then host name in natural order (w-2 before
-  // w-10). Expires overdue workers first.
+  // Every host's current entry (forgotten hosts are not listed), by slice and then host name
+  // in natural order (w-2 before w-10). Expires overdue workers first.
   std::vector<WorkerEntry> List();
 
   absl::Duration heartbeat_timeout() const { return config_.heartbeat_timeout; }
@@ -105,6 +110,10 @@ class WorkerRegistry {
   std::map<std::string, std::string> incarnation_host_ ABSL_GUARDED_BY(mu_);  // every one seen
   // Incarnations declared DEAD (timed out or replaced), not yet reported by ExpireOverdue.
   std::vector<WorkerEntry> newly_dead_ ABSL_GUARDED_BY(mu_);
+  // Replaced incarnations, oldest first, with when: forgotten after Config::forget_after.
+  std::deque<std::pair<absl::Time, std::string>> replaced_ ABSL_GUARDED_BY(mu_);
+  // Forgets DEAD/LEFT hosts and replaced incarnations past Config::forget_after.
+  void ForgetLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace meshrun::coordinator

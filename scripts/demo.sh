@@ -23,7 +23,7 @@ stop_all() {
 }
 trap stop_all EXIT INT TERM
 
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$run/coordinator" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$run/coordinator" --data_root="$root/.data" \
   --http_listen="${MESHRUN_DEMO_HTTP:-127.0.0.1:0}" >"$run/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on port" "$run/coordinator.log" && break; sleep 0.1; done

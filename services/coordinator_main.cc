@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
 #include "services/binary_setup.h"
+#include "services/coordinator_limit_flags.h"
 #include "services/coordinator_server.h"
 #include "services/server_support.h"
 #include "services/tls_credentials.h"
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
        .http_listen = absl::GetFlag(FLAGS_http_listen),
        .web_root = web_root,
        .restart_wait = absl::GetFlag(FLAGS_restart_wait),
-       .hang_timeout = absl::GetFlag(FLAGS_hang_timeout)});
+       .hang_timeout = absl::GetFlag(FLAGS_hang_timeout),
+       .limits = meshrun::services::CoordinatorLimitsFromFlags()});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

@@ -110,12 +110,23 @@ v1::JobManifest WithoutPrograms(v1::JobManifest job) {
 }
 
 absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& request,
-                                              v1::SubmitJobResponse* response) {
+                                              v1::SubmitJobResponse* response,
+                                              const std::string& client) {
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
+  // limits: the rate, and no path outside --data_root is opened below.
+  if (admission_ != nullptr) RETURN_IF_ERROR(admission_->Admit(client, request.spec()));
   RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
   ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
   ASSIGN_OR_RETURN(const int64_t restored_step, coordinator::RestoredStep(request.spec()));
-  response->set_job_id(jobs_->Add(request.spec()));
+  // limits: program bytes go to the program store, the job table keeps the spec without them.
+  std::map<std::string, std::string> programs;
+  if (admission_ != nullptr) {
+    ASSIGN_OR_RETURN(programs, admission_->programs()->Write(request.spec()));
+  }
+  response->set_job_id(jobs_->Add(admission_ != nullptr
+                                      ? coordinator::ProgramStore::Stripped(request.spec())
+                                      : request.spec()));
+  if (admission_ != nullptr) admission_->programs()->Bind(response->job_id(), std::move(programs));
   RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
     *m.mutable_data_receipt() = std::move(receipt);
     m.set_restored_step(restored_step);

@@ -216,7 +216,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->SubmitJob(*request, response); });
+    return FinishUnary(context,
+                       [&] { return handler_->SubmitJob(*request, response, ClientKey(*context)); });
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
@@ -377,7 +378,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   ASSIGN_OR_RETURN(server->registry_,
                    coordinator::WorkerRegistry::Create(
-                       {.heartbeat_timeout = config.heartbeat_timeout, .clock = config.clock}));
+                       {.heartbeat_timeout = config.heartbeat_timeout,
+                        .forget_after = config.limits.worker_forget_after,
+                        .clock = config.clock}));
   ASSIGN_OR_RETURN(server->kv_, coordinator::KeyValueStore::Create({}));
   ASSIGN_OR_RETURN(server->cache_, coordinator::ExecutableCache::Create(
                                        {.directory = config.state_dir + "/executables",
@@ -397,7 +400,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                                                    // (after a restart) are not.
                                                    absl::Status s = r->CheckCurrent(host, incarnation);
                                                    return absl::IsNotFound(s) ? absl::OkStatus() : s;
-                                                 }}));
+                                                 },
+                                                 .history_max_age = config.limits.history_retention,
+                                                 .history_max_steps = config.limits.history_max_steps}));
   // Job ids continue past those the history knows, so a restart never reuses one.
   int64_t first_id = 1;
   ASSIGN_OR_RETURN(std::vector<std::string> known, server->telemetry_->KnownJobs());
@@ -447,6 +452,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                    coordinator::ProgressMonitor::Create(
                        {.hang_timeout = config.hang_timeout, .clock = config.clock}));
   server->restored_check_at_ = config.clock->Now() + 2 * config.heartbeat_timeout;
+  ASSIGN_OR_RETURN(server->admission_, SubmitAdmission::Create(config.limits, config.state_dir));
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
                           .jobs = server->jobs_.get(),
@@ -454,10 +460,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                           .runtime = server->runtime_.get(),
                           .telemetry = server->telemetry_.get(),
                           .progress = server->progress_.get(),
-                          .restart_wait = config.restart_wait});
+                          .restart_wait = config.restart_wait,
+                          .programs = server->admission_->programs()});
   server->handler_ = std::make_unique<CoordinatorRpcHandler>(
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
       server->telemetry_.get());
+  server->handler_->SetAdmission(server->admission_.get());
   server->service_ = std::make_unique<Service>(server->handler_.get());
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", config.listen, {server->service_.get()}));
@@ -492,7 +500,17 @@ void CoordinatorServer::SweepLiveness() {
     }
     launcher_->FailHungJobs();
     CheckRestoredJobs();
+    PruneHistoryEveryMinute();  // limits: --history_retention
   }
+}
+
+void CoordinatorServer::PruneHistoryEveryMinute() {
+  const absl::Time now = clock_->Now();
+  if (now - pruned_at_ < absl::Minutes(1)) return;
+  pruned_at_ = now;
+  absl::StatusOr<int64_t> pruned = telemetry_->history().Prune();
+  if (!pruned.ok()) spdlog::error("telemetry history retention: {}", pruned.status().ToString());
+  if (pruned.ok() && *pruned > 0) spdlog::info("telemetry history: pruned {} summaries", *pruned);
 }
 
 void CoordinatorServer::CheckRestoredJobs() {

@@ -25,6 +25,7 @@
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "services/dashboard_api.h"
+#include "services/coordinator_limits.h"
 #include "services/http_server.h"
 #include "services/job_launcher.h"
 #include "services/job_membership.h"
@@ -61,7 +62,10 @@ class CoordinatorRpcHandler {
   absl::Status ListWorkers(const v1::ListWorkersRequest& request,
                            v1::ListWorkersResponse* response);
 
-  absl::Status SubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response);
+  // `client` as ClientKey names the caller (rate limits); empty: not limited.
+  absl::Status SubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
+                         const std::string& client = "");
+  void SetAdmission(SubmitAdmission* admission) { admission_ = admission; }
   absl::Status GetJob(const v1::GetJobRequest& request, v1::JobManifest* response);
   absl::Status ListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response);
   absl::Status CancelJob(const v1::CancelJobRequest& request, v1::CancelJobResponse*);
@@ -105,6 +109,7 @@ class CoordinatorRpcHandler {
   CoordinatorTelemetry* const telemetry_;
   const JobMembership membership_{registry_, jobs_};
   std::atomic<bool> draining_{false};
+  SubmitAdmission* admission_ = nullptr;  // limits: rate, paths, program store; may be null
 };
 
 class CoordinatorServer {
@@ -127,6 +132,7 @@ class CoordinatorServer {
     // A running job none of whose hosts completed a step for this long is failed, naming the
     // host that stopped first (docs/liveness.md); zero: off.
     absl::Duration hang_timeout = absl::ZeroDuration();
+    CoordinatorLimits limits;  // limits (docs/limits.md)
     Clock* clock = &RealClock();
   };
 
@@ -156,6 +162,8 @@ class CoordinatorServer {
   // Once the workers had time to come back after a restart: fails each job restored RUNNING
   // whose workers did not re-register, naming them.
   void CheckRestoredJobs();
+  void PruneHistoryEveryMinute();  // sweeper only
+  absl::Time pruned_at_;           // sweeper only
 
   std::unique_ptr<coordinator::WorkerRegistry> registry_;
   std::unique_ptr<coordinator::KeyValueStore> kv_;
@@ -164,6 +172,7 @@ class CoordinatorServer {
   std::unique_ptr<runtime::Runtime> runtime_;
   std::unique_ptr<CoordinatorTelemetry> telemetry_;
   std::unique_ptr<coordinator::ProgressMonitor> progress_;  // outlives launcher_
+  std::unique_ptr<SubmitAdmission> admission_;  // outlives launcher_ and handler_
   std::unique_ptr<JobLauncher> launcher_;
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;

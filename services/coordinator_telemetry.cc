@@ -19,7 +19,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
   std::unique_ptr<CoordinatorTelemetry> t(new CoordinatorTelemetry());
   t->admit_ = std::move(config.admit);
   ASSIGN_OR_RETURN(t->stragglers_, coordinator::StragglerDetector::Create({}));
-  ASSIGN_OR_RETURN(t->history_, telemetry::HistoryStore::Create({.path = config.database}));
+  ASSIGN_OR_RETURN(t->history_, telemetry::HistoryStore::Create(
+                                   {.path = config.database,
+                                    .max_age = config.history_max_age,
+                                    .max_steps_per_job = config.history_max_steps}));
   ASSIGN_OR_RETURN(t->hub_, telemetry::WatchHub::Create({.history = t->history_.get(),
                                                          .watcher_capacity =
                                                              config.watcher_capacity}));

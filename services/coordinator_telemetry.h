@@ -46,6 +46,10 @@ class CoordinatorTelemetry {
     // When set, Accept refuses a summary carrying an incarnation for which this returns an
     // error (the registry's fence: DEAD or replaced incarnations), with that error.
     std::function<absl::Status(const std::string& host, const std::string& incarnation)> admit;
+    // The history's retention (telemetry::HistoryStore::Config), applied when the owner calls
+    // history().Prune(); zero: keep.
+    absl::Duration history_max_age = absl::ZeroDuration();
+    int64_t history_max_steps = 0;
   };
 
   // Errors: those of HistoryStore::Create (the database path named).

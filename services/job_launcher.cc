@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/mesh_planner.h"
+#include "coordinator/spec_limits.h"
 #include "services/executable_transfer.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
@@ -21,6 +22,20 @@
 namespace meshrun::services {
 using coordinator::WorkerEntry;
 using coordinator::WorkerInfo;
+
+namespace {
+// What `host` holds now, by its own status (its store evicts: worker/executable_store.h); what
+// it registered with when it does not answer within 5 s.
+std::set<std::string> HeldBy(v1::Worker::Stub& stub, const WorkerInfo& host) {
+  v1::WorkerStatusReport status;
+  auto context = ContextWithTimeout(absl::Seconds(5));
+  if (stub.GetStatus(context.get(), v1::GetStatusRequest(), &status).ok() &&
+      status.incarnation() == host.incarnation) {
+    return {status.executable_fingerprints().begin(), status.executable_fingerprints().end()};
+  }
+  return {host.executable_fingerprints.begin(), host.executable_fingerprints.end()};
+}
+}  // namespace
 
 JobLauncher::JobLauncher(Config config) : config_(config) {}
 
@@ -123,6 +138,8 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   const v1::JobSpec& spec = job.spec();
   const coordinator::MeshPlan& plan = assigned->plan;
   const std::vector<WorkerInfo>& hosts = assigned->hosts;
+  // limits: a declared sharding the planned mesh cannot give fails the job here, named.
+  RETURN_IF_ERROR(coordinator::CheckShardingFitsMesh(spec, plan.axis_names, plan.shape));
   RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
     v1::MeshAssignment* mesh = m.mutable_mesh();
     for (const std::string& axis : plan.axis_names) mesh->add_axis_names(axis);
@@ -154,7 +171,10 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   std::map<std::string, coordinator::CachedExecutable> executables;  // by fingerprint
   std::map<std::string, std::string> fingerprints;                  // role -> fingerprint
   std::set<std::string> compiled_by_worker;                         // fingerprints
-  for (const v1::Program& program : spec.programs()) {
+  for (const v1::Program& stored : spec.programs()) {
+    ASSIGN_OR_RETURN(const v1::Program program,
+                     config_.programs != nullptr ? config_.programs->Read(job_id, stored)
+                                                 : absl::StatusOr<v1::Program>(stored));
     const std::string& program_options =
         program.compile_options().empty() ? options : program.compile_options();
     ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
@@ -198,8 +218,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   // Distribute to every worker at once, skipping what each already holds.
   std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
   RunConcurrently(hosts.size(), [&](size_t i) {
-    std::set<std::string> held(hosts[i].executable_fingerprints.begin(),
-                               hosts[i].executable_fingerprints.end());
+    std::set<std::string> held = HeldBy(WorkerStub(hosts[i].address), hosts[i]);
     if (hosts[i].host == compiler.host) held.insert(compiled_by_worker.begin(), compiled_by_worker.end());
     sent[i] = Distribute(job_id, hosts[i], executables, held);
   });
@@ -476,6 +495,7 @@ void JobLauncher::FailHungJobs() {
 }
 
 void JobLauncher::Finished(const std::string& job_id) {
+  if (config_.programs != nullptr) config_.programs->Release(job_id);
   if (config_.telemetry != nullptr) config_.telemetry->EndJob(job_id);
   if (config_.progress != nullptr) config_.progress->EndJob(job_id);
   absl::MutexLock lock(&mu_);

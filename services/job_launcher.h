@@ -34,6 +34,7 @@
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
 #include "coordinator/mesh_planner.h"
+#include "coordinator/program_store.h"
 #include "coordinator/progress_monitor.h"
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.pb.h"
@@ -55,6 +56,8 @@ class JobLauncher {
     absl::Duration rpc_timeout = absl::Seconds(60);
     size_t chunk_bytes = 1 << 20;         // executable transfer chunk, at most 1 MiB
     absl::Duration restart_wait = absl::Seconds(60);  // a restart waits this long for hosts
+    // Where the jobs' program bytes are (their specs hold only sha256s); null: in the specs.
+    coordinator::ProgramStore* programs = nullptr;
   };
 
   explicit JobLauncher(Config config);

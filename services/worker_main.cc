@@ -44,6 +44,12 @@ ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: number of CPU devices");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight work may take before it is cancelled");
+// limits (docs/limits.md)
+ABSL_FLAG(absl::Duration, upload_idle_timeout, absl::Seconds(60),
+          "an executable upload that sends nothing for this long is cancelled");
+ABSL_FLAG(int64_t, executable_store_bytes, int64_t{32} << 30,
+          "bytes of executables kept under --state_dir (least recently used go first; those "
+          "used in the last 10 minutes stay)");
 
 // The process environment, with the TPU variables it lacks from the GCE metadata server
 // (services/gce_metadata.h) as --tpu_metadata says.
@@ -114,7 +120,9 @@ int main(int argc, char** argv) {
        .identity = *identity,
        .state_dir = state_dir,
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
-       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices)});
+       .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
+       .upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout),
+       .executable_store_bytes = absl::GetFlag(FLAGS_executable_store_bytes)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

@@ -94,12 +94,16 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
 // writes on its own thread while the next chunks arrive.
 class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadExecutableChunk> {
  public:
-  LoadReactor(WorkerServer* owner, v1::LoadExecutableResponse* response)
-      : owner_(owner), response_(response) {
+  LoadReactor(WorkerServer* owner, grpc::CallbackServerContext* context,
+              v1::LoadExecutableResponse* response)
+      : owner_(owner),
+        response_(response),
+        idle_(owner->idle_uploads_->Watch([context] { context->TryCancel(); })) {
     StartRead(&chunk_);
   }
 
   void OnReadDone(bool ok) override {
+    idle_->Touch();  // limits: --upload_idle_timeout
     if (!ok) return Complete();
     absl::Status status = Accept();
     if (!status.ok()) {
@@ -151,11 +155,12 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
   std::unique_ptr<worker::ExecutableStore::Upload> upload_;
   std::string fingerprint_;
   std::string sha256_;
+  std::unique_ptr<IdleWatchdog::Lease> idle_;
 };
 
 grpc::ServerReadReactor<v1::LoadExecutableChunk>* WorkerServer::Service::LoadExecutable(
-    grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) {
-  return new LoadReactor(owner_, response);
+    grpc::CallbackServerContext* context, v1::LoadExecutableResponse* response) {
+  return new LoadReactor(owner_, context, response);
 }
 
 // Compiles on the calling gRPC thread (a coordinator asks once per cache key), then streams
@@ -257,7 +262,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   server->uploader_ = std::make_unique<TelemetryUploader>(
       TelemetryUploader::Config{.coordinator = server->config_.coordinator});
   ASSIGN_OR_RETURN(server->executables_,
-                   worker::ExecutableStore::Create(server->config_.state_dir + "/executables"));
+                   worker::ExecutableStore::Create(
+                       server->config_.state_dir + "/executables",
+                       {.max_bytes = server->config_.executable_store_bytes}));
+  server->idle_uploads_ = std::make_unique<IdleWatchdog>(server->config_.upload_idle_timeout);
   server->kv_client_ = std::make_shared<CoordinatorKeyValueClient>(
       MakeCoordinatorChannel(server->config_.coordinator));
   if (!server->config_.pjrt_plugin.empty()) {

@@ -25,6 +25,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "common/background_tasks.h"
+#include "common/idle_watchdog.h"
 #include "services/telemetry_uploader.h"
 #include "worker/checkpointing.h"
 #include "worker/executable_store.h"
@@ -50,6 +51,10 @@ class WorkerServer {
     std::string pjrt_plugin;        // the PJRT plugin to run with; empty: no runtime
     int64_t cpu_devices = 8;        // CPU plugin only
     absl::Duration rpc_timeout = absl::Seconds(5);
+    // limits (docs/limits.md): an executable upload silent this long is cancelled; the
+    // executable store's byte cap (least recently used go first).
+    absl::Duration upload_idle_timeout = absl::Seconds(60);
+    int64_t executable_store_bytes = worker::ExecutableStore::Limits().max_bytes;
   };
 
   // Errors: INVALID_ARGUMENT (bad address flag), FAILED_PRECONDITION (state directory
@@ -102,6 +107,7 @@ class WorkerServer {
   std::shared_ptr<runtime::KeyValueClient> kv_client_;
   std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin
   std::unique_ptr<worker::ExecutableStore> executables_;
+  std::unique_ptr<IdleWatchdog> idle_uploads_;  // outlives server_'s reactors
   worker::Metrics metrics_;
   worker::sparse::PlanCache plans_;  // one PlanBuilder per sparse-attention contract
   std::unique_ptr<TelemetryUploader> uploader_;

@@ -15,7 +15,7 @@ source "$(dirname "$0")/cluster_lib.sh"
 "$python" "$src/tests/orbax_written.py" mlp "$tmp/jax" 20 10 2>/dev/null >"$tmp/jax.csv" \
   || fail "JAX/orbax could not write the checkpoint"
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
-  --state_dir="$tmp/coordinator" >"$tmp/coordinator.log" 2>&1 &
+  --state_dir="$tmp/coordinator" --data_root="$tmp" >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)

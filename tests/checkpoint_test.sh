@@ -19,7 +19,7 @@ src=$2
 mlp="$src/examples/mlp_classifier"
 python="$src/.venv/bin/python"
 source "$(dirname "$0")/cluster_lib.sh"
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
   --heartbeat_timeout=3s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"

@@ -23,7 +23,7 @@ source "$(dirname "$0")/cluster_lib.sh"
 steps=${COORDINATOR_KILL_STEPS:-6000}
 cadence=20
 start_coordinator() {  # port, log number, flags...
-  "$bin/meshrun-coordinator" --listen="127.0.0.1:$1" --state_dir="$tmp/coordinator" "${@:3}" \
+  "$bin/meshrun-coordinator" --listen="127.0.0.1:$1" --state_dir="$tmp/coordinator" --data_root="$tmp" "${@:3}" \
     >"$tmp/coordinator-$2.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
   await_coordinator "$tmp/coordinator-$2.log"

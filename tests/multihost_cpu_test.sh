@@ -19,7 +19,7 @@ lm="$src/examples/transformer_lm"
 moe="$src/examples/transformer_moe"
 source "$(dirname "$0")/cluster_lib.sh"
 fortune_shards
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
   --heartbeat_timeout=3s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"

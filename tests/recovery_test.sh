@@ -15,7 +15,7 @@ bin=$1
 src=$2
 lm="$src/examples/transformer_lm/dp4x2/job.json"
 source "$(dirname "$0")/cluster_lib.sh"
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
   --heartbeat_timeout=2s --restart_wait=60s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"

@@ -15,7 +15,7 @@ src=$2
 bundle="$src/examples/transformer_lm/dp8/job.json"
 source "$(dirname "$0")/cluster_lib.sh"
 fortune_shards
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"

@@ -1,6 +1,7 @@
 #include "worker/executable_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -16,7 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/file_sync.h"
+#include "common/lru.h"
 #include "common/status_macros.h"
 
 namespace meshrun::worker {
@@ -44,14 +47,14 @@ int SyncFile(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
-    const std::string& directory) {
+    const std::string& directory, Limits limits) {
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create executable store ", directory, ": ", ec.message()));
   }
-  auto store = std::unique_ptr<ExecutableStore>(new ExecutableStore(directory));
+  auto store = std::unique_ptr<ExecutableStore>(new ExecutableStore(directory, limits));
   // Temp files left by a crash: transfers cut short, and committed ones not yet flushed. A
   // file that hashes to its fingerprint is the executable: kept. Anything else goes.
   bool kept = false;
@@ -76,11 +79,39 @@ absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("cannot flush executable store ", directory, ": ", std::strerror(error)));
   }
+  // What is held, oldest use first by modification time (Read refreshes it).
+  absl::MutexLock lock(&store->mu_);
+  for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::EndsWith(name, kSuffix)) continue;
+    const std::string fp = name.substr(0, name.size() - std::strlen(kSuffix));
+    struct stat st;
+    if (!IsFingerprint(fp) || ::stat(entry.path().c_str(), &st) != 0) continue;
+    store->uses_[fp] = {static_cast<int64_t>(st.st_size), absl::TimeFromTimespec(st.st_mtim)};
+  }
+  store->EvictLocked();
   return store;
 }
 
-ExecutableStore::ExecutableStore(std::string directory)
-    : directory_(std::move(directory)), flusher_([this] { FlushLoop(); }) {}
+ExecutableStore::ExecutableStore(std::string directory, Limits limits)
+    : directory_(std::move(directory)), limits_(limits), flusher_([this] { FlushLoop(); }) {}
+
+void ExecutableStore::EvictLocked() {
+  for (const std::string& fp :
+       LruEvictions(uses_, limits_.max_bytes, absl::Now() - limits_.keep_recent)) {
+    spdlog::info("executable store: evicted {} ({} bytes; the store keeps {} bytes)",
+                 fp.substr(0, 12), uses_[fp].bytes, limits_.max_bytes);
+    ::unlink(PathOf(fp).c_str());
+    uses_.erase(fp);
+  }
+}
+
+int64_t ExecutableStore::DurableBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [fp, use] : uses_) total += use.bytes;
+  return total;
+}
 
 ExecutableStore::~ExecutableStore() {
   {
@@ -121,8 +152,13 @@ void ExecutableStore::FlushLoop() {
         spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
                       "sent again", fp.substr(0, 12), std::strerror(error));
         ::unlink(temp.c_str());
+      } else {
+        std::error_code size_error;
+        const auto size = std::filesystem::file_size(PathOf(fp), size_error);
+        uses_[fp] = {size_error ? 0 : static_cast<int64_t>(size), absl::Now()};
       }
       pending_.erase(fp);
+      EvictLocked();
     }
     if (const int dir_error = FsyncDirectory(directory_); dir_error != 0) {
       spdlog::error("executable store: cannot flush directory {}: {}", directory_,
@@ -149,11 +185,22 @@ absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
         absl::StrCat("fingerprint \"", fingerprint, "\" is not a lowercase hex sha256"));
   }
   if (total <= 0) return absl::InvalidArgumentError("total_bytes must be positive");
+  if (total > limits_.max_executable_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("total_bytes ", total, " is over the ",
+                                                   limits_.max_executable_bytes,
+                                                   " bytes this worker accepts"));
+  }
+  if (uploads_.fetch_add(1) >= limits_.max_uploads) {
+    uploads_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        limits_.max_uploads, " executable uploads are in progress here; retry later"));
+  }
   static std::atomic<int64_t> counter{0};
   const std::string temp = absl::StrCat(directory_, "/", fingerprint, ".partial.", getpid(), ".",
                                         counter.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
+    uploads_.fetch_sub(1);
     return absl::InternalError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
   }
   return std::unique_ptr<Upload>(new Upload(this, fingerprint, total, temp, fd));
@@ -178,6 +225,7 @@ ExecutableStore::Upload::~Upload() {
   }
   if (fd_ >= 0) ::close(fd_);
   if (!done_) ::unlink(temp_path_.c_str());
+  store_->uploads_.fetch_sub(1);
 }
 
 void ExecutableStore::Upload::StopWriter() {
@@ -321,6 +369,7 @@ absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint
     auto it = pending_.find(fingerprint);
     path = it != pending_.end() ? it->second : PathOf(fingerprint);
     in.open(path, std::ios::binary);
+    if (auto use = uses_.find(fingerprint); use != uses_.end()) use->second.last = absl::Now();
   }
   if (!in.is_open()) {
     return absl::NotFoundError(absl::StrCat("executable ", fingerprint, " is not held here"));
@@ -331,6 +380,7 @@ absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint
   if (Sha256Hex(contents) != fingerprint) {
     absl::MutexLock lock(&mu_);
     std::filesystem::remove(path);
+    uses_.erase(fingerprint);
     return absl::DataLossError(
         absl::StrCat("executable ", fingerprint, " was corrupted on disk; deleted"));
   }

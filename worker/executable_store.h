@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/sha256.h"
 
 namespace meshrun::worker {
@@ -90,23 +92,46 @@ class ExecutableStore {
     std::thread writer_;
   };
 
+  // Bounds (docs/limits.md).
+  struct Limits {
+    // Durable executables past this many bytes are deleted, least recently used first (an
+    // executable used within keep_recent is kept, so a job being loaded never loses its own).
+    int64_t max_bytes = int64_t{32} << 30;
+    absl::Duration keep_recent = absl::Minutes(10);
+    int64_t max_executable_bytes = int64_t{8} << 30;  // an upload's announced total
+    int max_uploads = 8;                               // uploads in progress at once
+  };
+
   // Errors: FAILED_PRECONDITION (directory cannot be created; path named).
-  static absl::StatusOr<std::unique_ptr<ExecutableStore>> Create(const std::string& directory);
+  static absl::StatusOr<std::unique_ptr<ExecutableStore>> Create(const std::string& directory,
+                                                                 Limits limits);
+  static absl::StatusOr<std::unique_ptr<ExecutableStore>> Create(const std::string& directory) {
+    return Create(directory, Limits());
+  }
   ~ExecutableStore();
 
-  // Errors: INVALID_ARGUMENT (fingerprint not 64 lowercase hex, total not positive),
-  // INTERNAL (temp file cannot be created).
+  // Errors: INVALID_ARGUMENT (fingerprint not 64 lowercase hex, total not positive or over
+  // max_executable_bytes), RESOURCE_EXHAUSTED (max_uploads in progress), INTERNAL (temp file
+  // cannot be created).
   absl::StatusOr<std::unique_ptr<Upload>> Begin(const std::string& fingerprint, int64_t total);
 
   bool Has(const std::string& fingerprint) const;
   // Errors: NOT_FOUND; DATA_LOSS when the file no longer matches its fingerprint (deleted).
   absl::StatusOr<std::string> Read(const std::string& fingerprint) const;
   std::vector<std::string> Fingerprints() const;
+  // Bytes of the durable executables (what the LRU cap counts).
+  int64_t DurableBytes() const;
   // Blocks until every executable committed so far is durable under its final name.
   void Flush();
 
  private:
-  explicit ExecutableStore(std::string directory);
+  ExecutableStore(std::string directory, Limits limits);
+  // Deletes least recently used durable executables until max_bytes holds.
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Use {
+    int64_t bytes = 0;
+    absl::Time last;
+  };
   std::string PathOf(const std::string& fingerprint) const;
   // Commit's hand-over: `temp_path` holds the verified bytes of `fingerprint`.
   void Publish(const std::string& fingerprint, const std::string& temp_path);
@@ -119,7 +144,10 @@ class ExecutableStore {
   }
 
   const std::string directory_;
+  const Limits limits_;
+  std::atomic<int> uploads_{0};
   mutable absl::Mutex mu_;
+  mutable std::map<std::string, Use> uses_ ABSL_GUARDED_BY(mu_);  // durable, by fingerprint
   // Committed, not yet durable: fingerprint -> temp path (renamed under mu_ when flushed).
   std::map<std::string, std::string> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> to_flush_ ABSL_GUARDED_BY(mu_);  // fingerprints, commit order

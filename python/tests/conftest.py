@@ -38,7 +38,9 @@ class Cluster:
         self.procs = []
         log = os.path.join(tmp, "coordinator.log")
         self._start([_bin("meshrun-coordinator"), "--listen=127.0.0.1:0",
-                     f"--state_dir={tmp}/coordinator"], log)
+                     f"--state_dir={tmp}/coordinator",
+                     # the tests' token shards are under pytest's temporary directories
+                     f"--data_root={tempfile.gettempdir()}"], log)
         port = _wait_for(log, r"listening on port (\d+)").group(1)
         self.address = f"127.0.0.1:{port}"
         self.worker_logs = []

@@ -99,7 +99,7 @@ netns_cluster() {
   # Plaintext beyond loopback needs --insecure (docs/security.md); these addresses exist only
   # inside the test's own namespaces.
   netns_spawn coord "$bin/meshrun-coordinator" --listen=10.213.0.10:0 --insecure \
-    --state_dir="$tmp/coordinator" "$@" >"$tmp/coordinator.log" 2>&1 &
+    --state_dir="$tmp/coordinator" --data_root="$tmp" "$@" >"$tmp/coordinator.log" 2>&1 &
   pids+=($!)
   await_coordinator "$tmp/coordinator.log"
   local spec host address index slice

@@ -386,6 +386,43 @@ TEST_P(Conformance, SignatureDisagreeingWithProgramIsRefusedAtCompile) {
   EXPECT_TRUE(absl::StrContains(exe.status().message(), "f32[5]")) << exe.status();
 }
 
+// limits (issue 16): declared inputs are checked against the compiled program's parameters,
+// at compile and at load, naming the input.
+TEST_P(Conformance, InputsDisagreeingWithProgramAreRefusedAtCompileAndLoad) {
+  absl::StatusOr<std::string> options = BuildCompileOptions(SpmdCompileOptions(FirstDevices(1)));
+  ASSERT_TRUE(options.ok());
+  ProgramSignature wrong_shape = AxpySignature();
+  wrong_shape.inputs[1].shape = F32({8});
+  absl::StatusOr<std::unique_ptr<Executable>> exe =
+      runtime_->Compile({kAxpy, "mlir", *options, wrong_shape});
+  EXPECT_EQ(exe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(exe.status().message(),
+                                "input 1 'y': the job declares f32[8] per device, the compiled "
+                                "program takes f32[4]"))
+      << exe.status();
+  ProgramSignature wrong_type = AxpySignature();
+  wrong_type.inputs[0].shape.dtype = DType::kS32;
+  exe = runtime_->Compile({kAxpy, "mlir", *options, wrong_type});
+  EXPECT_TRUE(absl::StrContains(exe.status().message(), "input 0 'x'")) << exe.status();
+  ProgramSignature extra = AxpySignature();
+  extra.inputs.push_back({"z", F32({4})});
+  exe = runtime_->Compile({kAxpy, "mlir", *options, extra});
+  EXPECT_TRUE(absl::StrContains(exe.status().message(),
+                                "the job declares 3 inputs, the compiled program takes 2"))
+      << exe.status();
+
+  std::unique_ptr<Executable> good = CompileOrDie(kAxpy, FirstDevices(1), AxpySignature());
+  ASSERT_NE(good, nullptr);
+  absl::StatusOr<std::string> bytes = runtime_->Serialize(*good);
+  if (absl::IsUnimplemented(bytes.status())) return;
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<std::unique_ptr<Executable>> loaded =
+      runtime_->DeserializeAndLoad(*bytes, wrong_shape);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), "input 1 'y'")) << loaded.status();
+  EXPECT_TRUE(runtime_->DeserializeAndLoad(*bytes, AxpySignature()).ok());
+}
+
 TEST_P(Conformance, WrongInputsAreRefusedBeforeExecution) {
   std::unique_ptr<Executable> exe = CompileOrDie(kAxpy, FirstDevices(1), AxpySignature());
   ASSERT_NE(exe, nullptr);

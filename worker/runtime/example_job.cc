@@ -1,6 +1,7 @@
 #include "worker/runtime/example_job.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -18,7 +19,24 @@ using google::protobuf::ListValue;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
+// A bundle's files are read whole, so only regular files of a bounded size are (never a device
+// such as /dev/zero, a FIFO, or a file past the cap: docs/limits.md).
+constexpr int64_t kMaxBundleFileBytes = int64_t{2} << 30;
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  const auto size = std::filesystem::file_size(path, error);
+  if (error || static_cast<int64_t>(size) > kMaxBundleFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " has ", size, " bytes; a bundle file ",
+                                                   "may have at most ", kMaxBundleFileBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::stringstream ss;

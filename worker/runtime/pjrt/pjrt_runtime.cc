@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "worker/runtime/hlo_signature.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 namespace meshrun::runtime {
@@ -390,6 +391,26 @@ absl::Status WithExecutable(const PJRT_Api* api, PJRT_LoadedExecutable* loaded, 
   return status;
 }
 
+// The declared inputs against the parameters of the optimized program (hlo_signature.h). A
+// plugin that cannot hand the program back, or a program meshrun cannot read the parameters of,
+// is not checked here: Execute still checks every argument against the signature.
+absl::Status CheckCompiledInputs(const PJRT_Api* api, PJRT_Executable* exe,
+                                 const ProgramSignature& signature) {
+  PJRT_ARGS(PJRT_Program, program);
+  PJRT_ARGS(PJRT_Executable_OptimizedProgram_Args, args);
+  args.executable = exe;
+  args.program = &program;
+  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
+  std::string code(program.code_size, '\0');
+  program.code = code.data();
+  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
+  absl::StatusOr<std::vector<ArrayShape>> parameters = EntryParameterShapes(
+      code, absl::string_view(program.format == nullptr ? "" : program.format,
+                              program.format_size));
+  if (!parameters.ok()) return absl::OkStatus();
+  return CheckDeclaredInputs(*parameters, signature);
+}
+
 absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature) {
   const PJRT_Api* api = state_->api;
   PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args, devices);
@@ -422,6 +443,9 @@ absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature)
         next += dims.dim_sizes[i];
         output_shapes_.push_back(std::move(shape));
       }
+    }
+    if (signature && PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) {
+      RETURN_IF_ERROR(CheckCompiledInputs(api, exe, *signature));
     }
     if (PJRT_HAS(api, PJRT_Executable_Fingerprint)) {
       PJRT_ARGS(PJRT_Executable_Fingerprint_Args, fp);

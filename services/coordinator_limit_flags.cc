@@ -1,0 +1,34 @@
+#include "services/coordinator_limit_flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, data_root, "",
+          "comma-separated directories (besides --state_dir) where clients may name token "
+          "shards, checkpoint directories and checkpoints to resume from; any other path is "
+          "refused at submit");
+ABSL_FLAG(double, submit_rate, 20,
+          "SubmitJob calls a second each client may make after its burst; 0: unlimited");
+ABSL_FLAG(double, submit_burst, 100, "SubmitJob calls a client may make at once");
+ABSL_FLAG(absl::Duration, history_retention, absl::Hours(24 * 30),
+          "telemetry history older than this is deleted (checked every minute); 0: forever");
+ABSL_FLAG(int64_t, history_max_steps, 1000000,
+          "telemetry history keeps at most this many steps per job; 0: every step");
+ABSL_FLAG(absl::Duration, worker_forget_after, absl::Hours(1),
+          "a DEAD or LEFT worker leaves the registry this long after its last heartbeat");
+ABSL_FLAG(int64_t, program_store_bytes, int64_t{16} << 30,
+          "bytes of submitted programs kept on disk under --state_dir/programs (least recently "
+          "used go first)");
+
+namespace meshrun::services {
+
+CoordinatorLimits CoordinatorLimitsFromFlags() {
+  return {.data_roots = absl::GetFlag(FLAGS_data_root),
+          .submit_rate = absl::GetFlag(FLAGS_submit_rate),
+          .submit_burst = absl::GetFlag(FLAGS_submit_burst),
+          .history_retention = absl::GetFlag(FLAGS_history_retention),
+          .history_max_steps = absl::GetFlag(FLAGS_history_max_steps),
+          .worker_forget_after = absl::GetFlag(FLAGS_worker_forget_after),
+          .program_store_bytes = absl::GetFlag(FLAGS_program_store_bytes)};
+}
+
+}  // namespace meshrun::services

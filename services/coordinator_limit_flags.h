@@ -1,0 +1,10 @@
+// meshrun-coordinator's limit flags (docs/limits.md), read into CoordinatorLimits.
+#pragma once
+
+#include "services/coordinator_limits.h"
+
+namespace meshrun::services {
+
+CoordinatorLimits CoordinatorLimitsFromFlags();
+
+}  // namespace meshrun::services

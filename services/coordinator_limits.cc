@@ -1,0 +1,41 @@
+#include "services/coordinator_limits.h"
+
+#include <algorithm>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status_macros.h"
+#include "coordinator/spec_limits.h"
+#include "services/tls_credentials.h"
+
+namespace meshrun::services {
+
+std::string ClientKey(const grpc::ServerContextBase& context) {
+  if (std::optional<Identity> identity = PeerIdentity(context); identity.has_value()) {
+    return RoleName(identity->role) + "/" + identity->name;
+  }
+  const std::string peer = context.peer();
+  const size_t port = peer.rfind(':');
+  return port == std::string::npos || port < peer.find(':') + 1 ? peer : peer.substr(0, port);
+}
+
+absl::StatusOr<std::unique_ptr<SubmitAdmission>> SubmitAdmission::Create(
+    const CoordinatorLimits& limits, const std::string& state_dir) {
+  auto out = std::unique_ptr<SubmitAdmission>(new SubmitAdmission());
+  ASSIGN_OR_RETURN(out->roots_, PathRoots::FromFlag(limits.data_roots, {state_dir}));
+  ASSIGN_OR_RETURN(out->rate_, coordinator::RateLimiter::Create(
+                                   {.per_second = limits.submit_rate,
+                                    .burst = std::max(1.0, limits.submit_burst),
+                                    .what = "SubmitJob calls"}));
+  ASSIGN_OR_RETURN(out->programs_,
+                   coordinator::ProgramStore::Create({.directory = state_dir + "/programs",
+                                                      .max_bytes = limits.program_store_bytes}));
+  return out;
+}
+
+absl::Status SubmitAdmission::Admit(const std::string& client, const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(rate_->Admit(client));
+  return coordinator::CheckSpecPaths(spec, roots_);
+}
+
+}  // namespace meshrun::services
