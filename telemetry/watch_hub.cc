@@ -34,9 +34,10 @@ void Watcher::Shape(v1::GlobalSummary& summary) const {
 }
 
 Watcher::PopResult Watcher::TakeLiveLocked() {
-  while (!live_.empty() && live_.front()->step() < next_step_) live_.pop_front();
+  while (!live_.empty() && live_.front().summary->step() < next_step_) live_.pop_front();
   if (!live_.empty()) {
-    PopResult result{Kind::kItem, std::move(live_.front()), absl::OkStatus()};
+    PopResult result{Kind::kItem, std::move(live_.front().summary), absl::OkStatus(),
+                     std::move(live_.front().serialized)};
     live_.pop_front();
     next_step_ = result.summary->step() + 1;
     return result;
@@ -55,6 +56,7 @@ Watcher::PopResult Watcher::ShapeLive(PopResult result) const {
     auto shaped = std::make_shared<v1::GlobalSummary>(*result.summary);
     Shape(*shaped);
     result.summary = std::move(shaped);
+    result.serialized = nullptr;  // the shared bytes are the unfiltered summary
   }
   return result;
 }
@@ -111,7 +113,7 @@ Watcher::PopResult Watcher::TryPop() {
     // it seamlessly.
     const bool reached_live =
         rows->size() < batch_ ||
-        (!live_.empty() && !rows->empty() && rows->back().step() >= live_.front()->step());
+        (!live_.empty() && !rows->empty() && rows->back().step() >= live_.front().summary->step());
     for (v1::GlobalSummary& row : *rows) backfill_.push_back(std::move(row));
     if (reached_live) mode_ = Mode::kLive;
   }
@@ -181,8 +183,7 @@ bool Watcher::closed() const {
   return final_ || ended_;
 }
 
-bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& full,
-                   const std::shared_ptr<const v1::GlobalSummary>& no_detail) {
+bool Watcher::Push(const Shared& full, const Shared& no_detail) {
   absl::MutexLock l(&mu_);
   if (final_ || ended_) return false;
   if (live_.size() >= capacity_) {
@@ -301,13 +302,16 @@ absl::Status WatchHub::OpenJob(const std::string& job_id, std::vector<std::strin
 }
 
 absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
-  // One immutable copy per variant, shared by every watcher without a names filter.
-  auto full = std::make_shared<const v1::GlobalSummary>(summary);
-  std::shared_ptr<const v1::GlobalSummary> no_detail = full;
+  // One immutable copy per variant, and its wire bytes, shared by every watcher without a
+  // names filter: a fan-out to N watchers serializes each variant once, not N times.
+  Watcher::Shared full{std::make_shared<const v1::GlobalSummary>(summary), nullptr};
+  full.serialized = std::make_shared<const std::string>(full.summary->SerializeAsString());
+  Watcher::Shared no_detail = full;
   if (summary.host_detail_size() > 0) {
     auto stripped = std::make_shared<v1::GlobalSummary>(summary);
     stripped->clear_host_detail();
-    no_detail = std::move(stripped);
+    no_detail.serialized = std::make_shared<const std::string>(stripped->SerializeAsString());
+    no_detail.summary = std::move(stripped);
   }
   std::vector<std::shared_ptr<Watcher>> notify;
   {
