@@ -295,8 +295,11 @@ int main(int argc, char** argv) {
   std::printf("grpc MB/s    %s\n", bench::Spread(grpc_mbs, 0).c_str());
   std::printf("per-round meshrun/grpc %s; ratio of medians %.4f\n",
               bench::Spread(paired).c_str(), m / g);
+  std::vector<double> cpu_ratios;  // less sensitive than wall time to a loaded machine
+  for (size_t i = 0; i < meshrun_cpu.size(); ++i) cpu_ratios.push_back(grpc_cpu[i] / meshrun_cpu[i]);
   std::printf("process CPU per distribution (client + servers): meshrun median %.2f s, grpc "
-              "median %.2f s\n", Median(meshrun_cpu), Median(grpc_cpu));
+              "median %.2f s; per-round grpc/meshrun CPU %s\n", Median(meshrun_cpu),
+              Median(grpc_cpu), bench::Spread(cpu_ratios).c_str());
 
   // Where the time goes: the worker-side steps alone, single thread, over the same bytes.
   {

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
-#include "meshrun/v1/telemetry.pb.h"
+#include "meshrun/v1/coordinator.pb.h"
 
 namespace meshrun::services {
 namespace {
