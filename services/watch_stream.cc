@@ -1,7 +1,6 @@
 #include "services/watch_stream.h"
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,33 +59,25 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
  private:
   void Pump() {
-    grpc::WriteOptions options;
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
       if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      // The item held back from the previous pump (if any) goes first.
-      telemetry::Watcher::PopResult current =
-          held_.has_value() ? *std::exchange(held_, std::nullopt) : watcher_->TryPop();
-      switch (current.kind) {
+      telemetry::Watcher::PopResult next = watcher_->TryPop();
+      switch (next.kind) {
         case telemetry::Watcher::Kind::kItem:
+          out_ = ToByteBuffer(next);
+          writing_ = true;
           break;
         case telemetry::Watcher::Kind::kEmpty:
           return;
         case telemetry::Watcher::Kind::kEnd:
-          return FinishLocked(ToGrpcStatus(current.status));
+          return FinishLocked(ToGrpcStatus(next.status));
       }
-      // Look one ahead: with another summary in hand, this write may wait in gRPC's buffer
-      // to go out together with it.
-      telemetry::Watcher::PopResult next = watcher_->TryPop();
-      if (next.kind == telemetry::Watcher::Kind::kItem) options.set_buffer_hint();
-      if (next.kind != telemetry::Watcher::Kind::kEmpty) held_ = std::move(next);
-      out_ = ToByteBuffer(current);
-      writing_ = true;
     }
     // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
     // finishes the stream until OnWriteDone.
-    StartWrite(&out_, options);
+    StartWrite(&out_);
   }
   void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
@@ -97,8 +88,6 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<telemetry::Watcher> watcher_;
   absl::Mutex mu_;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the write in flight
-  // Popped but not yet written: the next item, or the end, behind the write in flight.
-  std::optional<telemetry::Watcher::PopResult> held_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -4,10 +4,9 @@
 // Each summary a watcher without a names filter receives is written as the bytes the hub
 // serialized once when it was published (telemetry::Watcher::PopResult::serialized), wrapped
 // in a grpc::Slice that shares them: a fan-out to N watchers serializes and copies nothing
-// per watcher. History rows and filtered summaries are serialized per watcher. When a watcher
-// already has the next summary queued, the current one is written with a buffer hint, so
-// gRPC may send both in one write; the last one in hand is always written without it, so
-// nothing waits for a summary that has not come.
+// per watcher. History rows and filtered summaries are serialized per watcher. (Writes carry
+// no buffer hint: a hinted write may wait for a later one to flush it, and a watcher with one
+// write in flight would then stall.)
 //
 // Ordering, no gap / no duplicate and the slow-watcher policy are the hub's (watch_hub.h); the
 // stream ends with the watcher's end status (RESOURCE_EXHAUSTED names the step to resume from).
