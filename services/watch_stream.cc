@@ -59,6 +59,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
  private:
   void Pump() {
+    grpc::ByteBuffer* write = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
@@ -68,6 +69,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         case telemetry::Watcher::Kind::kItem:
           out_ = ToByteBuffer(next);
           writing_ = true;
+          write = &out_;
           break;
         case telemetry::Watcher::Kind::kEmpty:
           return;
@@ -77,7 +79,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
     // finishes the stream until OnWriteDone.
-    StartWrite(&out_);
+    StartWrite(write);
   }
   void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
