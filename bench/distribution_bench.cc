@@ -137,7 +137,7 @@ absl::Status ToBoth(const std::function<absl::Status(size_t)>& send) {
 
 int main(int argc, char** argv) {
   int64_t mib = 256;
-  int rounds = 11;
+  int rounds = 15;
   std::string parent = std::filesystem::temp_directory_path().string();
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
@@ -291,9 +291,15 @@ int main(int argc, char** argv) {
               "(%.2f s for both workers)\n", m, total_mb / m);
   std::printf("plain gRPC client stream to a discarding server:    median %.0f MB/s "
               "(%.2f s for both workers)\n", g, total_mb / g);
-  std::printf("ratio of medians %.4f; median of per-round ratios %.4f\n", m / g, Median(paired));
+  std::printf("meshrun MB/s %s\n", bench::Spread(meshrun_mbs, 0).c_str());
+  std::printf("grpc MB/s    %s\n", bench::Spread(grpc_mbs, 0).c_str());
+  std::printf("per-round meshrun/grpc %s; ratio of medians %.4f\n",
+              bench::Spread(paired).c_str(), m / g);
+  std::vector<double> cpu_ratios;  // less sensitive than wall time to a loaded machine
+  for (size_t i = 0; i < meshrun_cpu.size(); ++i) cpu_ratios.push_back(grpc_cpu[i] / meshrun_cpu[i]);
   std::printf("process CPU per distribution (client + servers): meshrun median %.2f s, grpc "
-              "median %.2f s\n", Median(meshrun_cpu), Median(grpc_cpu));
+              "median %.2f s; per-round grpc/meshrun CPU %s\n", Median(meshrun_cpu),
+              Median(grpc_cpu), bench::Spread(cpu_ratios).c_str());
 
   // Where the time goes: the worker-side steps alone, single thread, over the same bytes.
   {

@@ -13,20 +13,21 @@
 // watcher holds every summary; latency = publish to receive, per delivery.
 //
 // Prints absolute figures of both, then as its last line (higher is better):
-//   ratio fanout_vs_grpc <meshrun deliveries/s / grpc deliveries/s>
+//   ratio fanout_vs_grpc <median over rounds of meshrun deliveries/s / grpc deliveries/s>
 //
-// Rounds alternate which path goes first; figures are medians over rounds. Then one run of each
-// at a steady `--paced_rate` for 10 s reports latency below saturation (with the window, the
-// throughput runs' latency is mostly queueing).
+// Rounds alternate which path goes first; figures are medians over rounds, with the spread of
+// the per-round ratios. Then `--paced_rounds` alternating runs of each at a steady
+// `--paced_rate` for 10 s report latency below saturation (with the window, the throughput
+// runs' latency is mostly queueing).
 //
-// With `--tls_vs_plain 1` it instead runs the meshrun path twice per round, in plaintext and
-// with mutual TLS on every link (the coordinator's certificate and the access policy; the
-// uploader presents a worker certificate, checked for its host and job membership; the
-// watchers a view certificate and check the coordinator's), and prints as its last line:
+// With `--tls_vs_plain 1` it instead runs the meshrun path in plaintext and with mutual TLS on
+// every link (the coordinator's certificate and the access policy; the uploader presents a
+// worker certificate, checked for its host and job membership; the watchers a view
+// certificate and check the coordinator's), and prints as its last line:
 //   ratio fanout_tls_vs_plain <TLS deliveries/s / plaintext deliveries/s>
 //
-// Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 2]
-//                             [--paced_rate 20] [--tls_vs_plain 0|1]
+// Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 5]
+//                             [--paced_rate 20] [--paced_rounds 3] [--tls_vs_plain 0|1]
 #include <unistd.h>
 
 #include <array>
@@ -147,9 +148,10 @@ struct Options {
   int watchers = 500;
   int64_t summaries = 1000;
   int64_t window = 256;
-  int rounds = 2;
+  int rounds = 5;
   double rate = 0;        // summaries/s; 0 = as fast as the window allows
-  double paced_rate = 20;  // the latency run's rate (0: skip it)
+  double paced_rate = 20;  // the latency runs' rate (0: skip them)
+  int paced_rounds = 3;
   bool tls_vs_plain = false;
 };
 
@@ -362,13 +364,14 @@ int Main(int argc, char** argv) {
     else if (flag == "--window") options.window = value;
     else if (flag == "--rounds") options.rounds = value;
     else if (flag == "--paced_rate") options.paced_rate = value;
+    else if (flag == "--paced_rounds") options.paced_rounds = value;
     else if (flag == "--tls_vs_plain") options.tls_vs_plain = value != 0;
     else return Fail("usage", absl::InvalidArgumentError(
                                   "flags: --watchers --summaries --window --rounds --paced_rate "
-                                  "--tls_vs_plain"));
+                                  "--paced_rounds --tls_vs_plain"));
   }
   if (options.watchers < 1 || options.summaries < 1 || options.rounds < 1 ||
-      options.paced_rate < 0 || options.window < 1 || options.window >= 1024) {
+      options.paced_rate < 0 || options.paced_rounds < 1 || options.window < 1 || options.window >= 1024) {
     return Fail("flags", absl::InvalidArgumentError(
                              "--watchers, --summaries and --rounds >= 1, --paced_rate >= 0, "
                              "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
@@ -381,28 +384,68 @@ int Main(int argc, char** argv) {
     std::printf("ratio fanout_tls_vs_plain %.3f\n", (*rates)[1] / (*rates)[0]);
     return 0;
   }
-  absl::StatusOr<std::array<double, 2>> rates =
-      Compare(options, "fanout", {"grpc", "meshrun"}, [&](int path, const std::string& dir) {
-        return path == 0 ? RunGrpc(options) : RunMeshrun(options, dir);
-      });
-  if (!rates.ok()) return Fail("fanout", rates.status());
-  // Latency below saturation: the same fan-out at a steady rate both sustain.
+  // Rounds alternate which path goes first; figures are medians over rounds, and a round's
+  // ratio compares the two runs of that round.
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2], ratios;  // [0] grpc, [1] meshrun
+  auto run = [&](const Options& o, int path, const std::string& tag) -> absl::StatusOr<Figures> {
+    const std::string dir = std::filesystem::temp_directory_path() /
+                            absl::StrCat("meshrun_fanout_bench_", getpid(), "_", tag);
+    absl::StatusOr<Figures> f = path == 0 ? RunGrpc(o) : RunMeshrun(o, dir);
+    std::filesystem::remove_all(dir);
+    return f;
+  };
+  std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds\n", options.watchers,
+              static_cast<long long>(options.summaries), static_cast<long long>(options.window),
+              options.rounds);
+  for (int round = 0; round < options.rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int path = (round + i) % 2;
+      absl::StatusOr<Figures> f = run(options, path, absl::StrCat(round));
+      if (!f.ok()) return Fail(path == 0 ? "grpc" : "meshrun", f.status());
+      rate[path].push_back(f->deliveries_per_second);
+      cpu[path].push_back(f->cpu_micros_per_delivery);
+      p50[path].push_back(f->p50_ms);
+      p99[path].push_back(f->p99_ms);
+    }
+    ratios.push_back(rate[1].back() / rate[0].back());
+    std::printf("round %d: grpc %.0f deliveries/s (cpu %.2f us), meshrun %.0f deliveries/s "
+                "(cpu %.2f us): x%.3f\n",
+                round + 1, rate[0].back(), cpu[0].back(), rate[1].back(), cpu[1].back(),
+                ratios.back());
+    std::fflush(stdout);
+  }
+  for (int path = 0; path < 2; ++path) {
+    std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
+                "latency p50 %7.2f ms  p99 %7.2f ms (medians)\n",
+                path == 0 ? "grpc" : "meshrun", Median(rate[path]),
+                Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
+                Median(p99[path]));
+  }
+  std::printf("deliveries/s: grpc %s\n", Spread(rate[0], 0).c_str());
+  std::printf("deliveries/s: meshrun %s\n", Spread(rate[1], 0).c_str());
+  // Latency below saturation: the same fan-out at a steady rate both sustain, alternating.
   if (options.paced_rate > 0) {
     Options paced = options;
     paced.rate = options.paced_rate;
     paced.summaries = static_cast<int64_t>(10 * options.paced_rate);  // 10 s
-    const std::string dir = std::filesystem::temp_directory_path() /
-                            absl::StrCat("meshrun_fanout_bench_", getpid(), "_paced");
-    absl::StatusOr<Figures> grpc = RunGrpc(paced);
-    absl::StatusOr<Figures> meshrun = RunMeshrun(paced, dir);
-    std::filesystem::remove_all(dir);
-    if (!grpc.ok()) return Fail("grpc paced", grpc.status());
-    if (!meshrun.ok()) return Fail("meshrun paced", meshrun.status());
-    std::printf("paced at %.0f summaries/s for 10 s: latency grpc p50 %.2f ms p99 %.2f ms, "
-                "meshrun p50 %.2f ms p99 %.2f ms\n",
-                paced.rate, grpc->p50_ms, grpc->p99_ms, meshrun->p50_ms, meshrun->p99_ms);
+    std::vector<double> paced_p50[2], paced_p99[2];
+    for (int round = 0; round < options.paced_rounds; ++round) {
+      for (int i = 0; i < 2; ++i) {
+        const int path = (round + i) % 2;
+        absl::StatusOr<Figures> f = run(paced, path, absl::StrCat("paced", round));
+        if (!f.ok()) return Fail(path == 0 ? "grpc paced" : "meshrun paced", f.status());
+        paced_p50[path].push_back(f->p50_ms);
+        paced_p99[path].push_back(f->p99_ms);
+      }
+    }
+    std::printf("paced at %.0f summaries/s for 10 s, %d rounds: latency grpc p50 %.2f ms, p99 "
+                "%s ms\n", paced.rate, options.paced_rounds, Median(paced_p50[0]),
+                Spread(paced_p99[0], 2).c_str());
+    std::printf("paced at %.0f summaries/s: latency meshrun p50 %.2f ms, p99 %s ms\n",
+                paced.rate, Median(paced_p50[1]), Spread(paced_p99[1], 2).c_str());
   }
-  std::printf("ratio fanout_vs_grpc %.3f\n", (*rates)[1] / (*rates)[0]);
+  std::printf("per-round meshrun/grpc deliveries/s %s\n", Spread(ratios).c_str());
+  std::printf("ratio fanout_vs_grpc %.3f\n", Median(ratios));
   return 0;
 }
 

@@ -1,18 +1,27 @@
-// Transformer train steps through meshrun's runtime (PJRT C API, CPU plugin, 8 devices) vs the
-// same jitted function driven from JAX in Python on the same devices, measured in the same run
-// (the Python side runs after meshrun's, so the two never share the cores). Also compares the
-// time to compile the step with the time to deserialize-and-load the same executable.
+// Train steps through meshrun's runtime (PJRT C API, CPU plugin, 8 devices) vs the same jitted
+// functions driven from JAX in Python on the same devices, for two models in one run:
+//   small  the MLP classifier: a step of microseconds, so the per-step dispatch dominates;
+//   lm     the transformer LM: compute-bound.
+// JAX runs in a child process (bench/runtime_jax_baseline.py) that compiles both models once and
+// then runs steps on command, so the two sides alternate round by round: in each round, each
+// model runs `steps` steps on one side, then on the other (which side goes first alternates),
+// and the round's ratio is meshrun steps/s over JAX steps/s. A neighbour's load that comes and
+// goes then hits both sides of a round alike; the median over rounds and its spread are printed.
+// Also compares the time to compile the LM step with the time to deserialize-and-load it.
 //
-// Prints absolute figures, then as its last two lines:
-//   ratio steps_vs_jax <meshrun steps/s / JAX steps/s>        (higher is better)
+// Prints absolute figures and per-round ratios, then (higher is better):
 //   ratio compile_over_load <compile time / load time>
+//   ratio steps_vs_jax_small <median over rounds of the MLP's meshrun/JAX steps/s>
+//   ratio steps_vs_jax <median over rounds of the transformer's meshrun/JAX steps/s>
 //
-// Usage: meshrun_runtime_step_bench [--quick] [--mesh dp8|dp4_tp2|dp1] [--steps N]
-// Needs the CPU plugin (scripts/setup.sh); without the JAX venv the JAX ratio is not printed.
+// Usage: meshrun_runtime_step_bench [--quick] [--mesh dp8|dp4_tp2|dp1] [--rounds R]
+//                                   [--steps N] [--small_steps N]
+// Needs the CPU plugin (scripts/setup.sh); without the JAX venv no steps_vs_jax ratio is printed.
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,124 +40,228 @@ namespace {
 
 using namespace meshrun::runtime;
 using meshrun::bench::Fail;
+using meshrun::bench::Median;
+using meshrun::bench::Now;
+using meshrun::bench::Spread;
 
-// Runs the JAX baseline and returns its "<key> <value>" lines' values; empty when it could not run.
-std::vector<std::pair<std::string, double>> RunJax(const std::string& mesh, int steps) {
-  const std::string python = MESHRUN_PYTHON;
-  struct stat st;
-  if (stat(python.c_str(), &st) != 0) {
-    std::printf("jax baseline: skipped, no Python with JAX at %s (scripts/fetch_pjrt.sh)\n",
-                python.c_str());
-    return {};
+// The JAX baseline as a child process speaking bench/runtime_jax_baseline.py's protocol.
+class JaxProcess {
+ public:
+  ~JaxProcess() {
+    if (to_ != nullptr) {
+      std::fputs("quit\n", to_);
+      std::fclose(to_);
+    }
+    if (from_ != nullptr) std::fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
   }
-  const std::string command = python + " " + MESHRUN_SOURCE_DIR +
-                              "/bench/runtime_jax_baseline.py --mesh " + mesh + " --steps " +
-                              std::to_string(steps) + " 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {};
-  std::vector<std::pair<std::string, double>> out;
-  std::array<char, 256> line;
-  while (std::fgets(line.data(), line.size(), pipe) != nullptr) {
-    char key[64];
-    double value;
-    if (std::sscanf(line.data(), "%63s %lf", key, &value) == 2) out.emplace_back(key, value);
+  // Starts it and waits for "ready"; false (with a line saying why) when it cannot run.
+  bool Start(const std::string& mesh) {
+    const std::string python = MESHRUN_PYTHON;
+    struct stat st;
+    if (stat(python.c_str(), &st) != 0) {
+      std::printf("jax baseline: skipped, no Python with JAX at %s (scripts/fetch_pjrt.sh)\n",
+                  python.c_str());
+      return false;
+    }
+    const std::string script = std::string(MESHRUN_SOURCE_DIR) + "/bench/runtime_jax_baseline.py";
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) return false;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[1]);
+      close(out[0]);
+      if (std::freopen("/dev/null", "w", stderr) == nullptr) _exit(127);
+      execl(python.c_str(), python.c_str(), script.c_str(), "--mesh", mesh.c_str(), nullptr);
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    char line[256];
+    while (std::fgets(line, sizeof(line), from_) != nullptr) {
+      char key[64];
+      double value;
+      if (std::strncmp(line, "ready", 5) == 0) return true;
+      if (std::sscanf(line, "compile_s_%63s %lf", key, &value) == 2) {
+        std::printf("jax: %s step compile %.3f s\n", key, value);
+      }
+    }
+    std::printf("jax baseline: did not start (exit status of %s)\n", script.c_str());
+    return false;
   }
-  const int rc = pclose(pipe);
-  if (rc != 0) {
-    std::printf("jax baseline: exited with status %d\n", rc);
-    return {};
+  // Seconds JAX took for `steps` steps of `model`; negative on failure.
+  double Run(const char* model, int steps) {
+    std::fprintf(to_, "run %s %d\n", model, steps);
+    std::fflush(to_);
+    char line[256];
+    double seconds = -1;
+    if (std::fgets(line, sizeof(line), from_) == nullptr ||
+        std::sscanf(line, "elapsed %lf", &seconds) != 1) {
+      return -1;
+    }
+    return seconds;
   }
-  return out;
-}
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+struct Model {
+  const char* jax_name;   // in runtime_jax_baseline.py
+  const char* directory;  // under examples/
+  int steps;              // per round and side
+  std::unique_ptr<ExampleRunner> runner;
+  int next_index = 0;
+  std::vector<double> meshrun, jax, ratios;  // steps/s per round, and their ratio
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
   std::string mesh = "dp8";
-  int steps = 30;
+  int rounds = 7, steps = 10, small_steps = 300;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
-      steps = 10;
     } else if (std::strcmp(argv[i], "--mesh") == 0 && i + 1 < argc) {
       mesh = argv[++i];
+    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+      rounds = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--small_steps") == 0 && i + 1 < argc) {
+      small_steps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--mesh dp8|dp4_tp2|dp1] [--steps N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--mesh dp8|dp4_tp2|dp1] [--rounds R] [--steps N] "
+                   "[--small_steps N]\n", argv[0]);
       return 2;
     }
+  }
+  if (quick) rounds = 3;
+  if (rounds < 1 || steps < 1 || small_steps < 1) {
+    std::fprintf(stderr, "runtime_step_bench: --rounds, --steps, --small_steps must be >= 1\n");
+    return 2;
   }
   const int warmup = 3;
   const int loads = quick ? 3 : 5;
 
-  absl::StatusOr<ExampleJob> job = LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) +
-                                                  "/examples/transformer_lm/" + mesh + "/job.json");
-  if (!job.ok()) return Fail("load job", job.status());
   RuntimeConfig config{.plugin_path = DefaultPjrtPluginPath(), .cpu_device_count = 8};
   absl::StatusOr<std::unique_ptr<PjrtRuntime>> runtime = PjrtRuntime::Create(config);
   if (!runtime.ok()) return Fail("start runtime", runtime.status());
-  std::printf("runtime: %s, %zu devices; job %s, %d steps after %d warm-up\n",
-              ToString((*runtime)->identity()).c_str(),
-              (*runtime)->addressable_devices().size(), job->name.c_str(), steps, warmup);
+  std::printf("runtime: %s, %zu devices; mesh %s, %d rounds of %d LM steps and %d MLP steps "
+              "per side, after %d warm-up steps\n",
+              ToString((*runtime)->identity()).c_str(), (*runtime)->addressable_devices().size(),
+              mesh.c_str(), rounds, steps, small_steps, warmup);
 
-  // Compile, then load the same executable from its serialized bytes.
-  absl::StatusOr<std::unique_ptr<ExampleRunner>> runner = ExampleRunner::Create(runtime->get(), *job);
-  if (!runner.ok()) return Fail("compile", runner.status());
-  const double compile_s = absl::ToDoubleSeconds((*runner)->step_compile_time());
-  absl::StatusOr<std::string> bytes = (*runtime)->Serialize((*runner)->step_executable());
+  Model models[2] = {{"small", "mlp_classifier", small_steps, nullptr},
+                     {"lm", "transformer_lm", steps, nullptr}};
+  for (Model& model : models) {
+    absl::StatusOr<ExampleJob> job = LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) +
+                                                    "/examples/" + model.directory + "/" + mesh +
+                                                    "/job.json");
+    if (!job.ok()) return Fail("load job", job.status());
+    absl::StatusOr<std::unique_ptr<ExampleRunner>> runner =
+        ExampleRunner::Create(runtime->get(), *job);
+    if (!runner.ok()) return Fail("compile", runner.status());
+    model.runner = std::move(*runner);
+  }
+
+  // Compile, then load the same LM executable from its serialized bytes.
+  ExampleRunner& lm = *models[1].runner;
+  const double compile_s = absl::ToDoubleSeconds(lm.step_compile_time());
+  absl::StatusOr<std::string> bytes = (*runtime)->Serialize(lm.step_executable());
   if (!bytes.ok()) return Fail("serialize", bytes.status());
   std::vector<double> load_times;
   for (int i = 0; i < loads; ++i) {
     const absl::Time start = absl::Now();
     absl::StatusOr<std::unique_ptr<Executable>> loaded =
-        (*runtime)->DeserializeAndLoad(*bytes, job->step.Signature());
+        (*runtime)->DeserializeAndLoad(*bytes, lm.job().step.Signature());
     if (!loaded.ok()) return Fail("deserialize-and-load", loaded.status());
     load_times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
   const double load_s = Median(load_times);
-  std::printf("step compile: %.3f s; serialized executable %zu bytes; deserialize-and-load "
+  std::printf("LM step compile: %.3f s; serialized executable %zu bytes; deserialize-and-load "
               "(median of %d): %.4f s\n",
               compile_s, bytes->size(), loads, load_s);
 
-  if (absl::Status s = (*runner)->Initialize(); !s.ok()) return Fail("init", s);
-  for (int i = 0; i < warmup; ++i) {
-    if (auto s = (*runner)->Step(i); !s.ok()) return Fail("step", s.status());
+  for (Model& model : models) {
+    if (absl::Status s = model.runner->Initialize(); !s.ok()) return Fail("init", s);
+    for (int i = 0; i < warmup; ++i) {
+      if (auto s = model.runner->Step(model.next_index++); !s.ok()) return Fail("step", s.status());
+    }
   }
-  const RuntimeCounters before = (*runtime)->counters();
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < steps; ++i) {
-    if (auto s = (*runner)->Step(warmup + i); !s.ok()) return Fail("step", s.status());
-  }
-  const double meshrun_steps_per_s = steps / absl::ToDoubleSeconds(absl::Now() - start);
-  const RuntimeCounters counters = (*runtime)->counters();
-  // Batches were uploaded by Initialize: the timed steps move nothing between host and device.
-  std::printf("meshrun: %.3f steps/s (%.1f ms/step); during the timed steps h2d %lld, d2h %lld "
-              "transfers (before them: h2d %lld, %lld bytes)\n",
-              meshrun_steps_per_s, 1000.0 / meshrun_steps_per_s,
-              static_cast<long long>(counters.host_to_device.count - before.host_to_device.count),
-              static_cast<long long>(counters.device_to_host.count - before.device_to_host.count),
-              static_cast<long long>(before.host_to_device.count),
-              static_cast<long long>(before.host_to_device.bytes));
-  runner->reset();  // free the devices' memory before JAX starts
-  runtime->reset();
+  JaxProcess jax;
+  const bool have_jax = jax.Start(mesh);
 
-  double jax_steps_per_s = 0, jax_compile_s = 0;
-  for (const auto& [key, value] : RunJax(mesh, steps)) {
-    if (key == "steps_per_s") jax_steps_per_s = value;
-    if (key == "compile_s") jax_compile_s = value;
+  // meshrun's side of a round: `model.steps` steps; returns steps/s (0 on error, reported).
+  auto run_meshrun = [&](Model& model) -> double {
+    const RuntimeCounters before = (*runtime)->counters();
+    const double start = Now();
+    for (int i = 0; i < model.steps; ++i) {
+      if (auto s = model.runner->Step(model.next_index++); !s.ok()) {
+        Fail("step", s.status());
+        return 0;
+      }
+    }
+    const double rate = model.steps / (Now() - start);
+    const RuntimeCounters after = (*runtime)->counters();
+    if (after.host_to_device.count != before.host_to_device.count ||
+        after.device_to_host.count != before.device_to_host.count) {
+      std::printf("warning: %s steps moved data between host and device\n", model.jax_name);
+    }
+    return rate;
+  };
+  for (int round = 0; round < rounds; ++round) {
+    for (Model& model : models) {
+      double m = 0, j = 0;
+      for (int k = 0; k < 2; ++k) {
+        if ((round + k) % 2 == 0) {
+          m = run_meshrun(model);
+          if (m == 0) return 1;
+        } else if (have_jax) {
+          const double seconds = jax.Run(model.jax_name, model.steps);
+          if (seconds <= 0) {
+            std::fprintf(stderr, "runtime_step_bench: the JAX baseline failed\n");
+            return 1;
+          }
+          j = model.steps / seconds;
+        }
+      }
+      model.meshrun.push_back(m);
+      if (have_jax) {
+        model.jax.push_back(j);
+        model.ratios.push_back(m / j);
+      }
+    }
+    std::printf("round %d:", round + 1);
+    for (const Model& model : models) {
+      std::printf("  %s meshrun %.1f steps/s", model.jax_name, model.meshrun.back());
+      if (have_jax) {
+        std::printf(" jax %.1f steps/s (x%.3f)", model.jax.back(), model.ratios.back());
+      }
+    }
+    std::printf("\n");
+    std::fflush(stdout);
   }
-  if (jax_steps_per_s > 0) {
-    std::printf("jax: %.3f steps/s (%.1f ms/step); its step compile %.3f s\n",
-                jax_steps_per_s, 1000.0 / jax_steps_per_s, jax_compile_s);
-    std::printf("ratio steps_vs_jax %.4f\n", meshrun_steps_per_s / jax_steps_per_s);
+  for (const Model& model : models) {
+    std::printf("%s (%s/%s): meshrun steps/s %s\n", model.jax_name, model.directory,
+                mesh.c_str(), Spread(model.meshrun, 2).c_str());
+    if (!have_jax) continue;
+    std::printf("%s: jax steps/s %s\n", model.jax_name, Spread(model.jax, 2).c_str());
+    std::printf("%s: per-round meshrun/jax %s\n", model.jax_name, Spread(model.ratios).c_str());
   }
   std::printf("ratio compile_over_load %.4f\n", compile_s / load_s);
+  if (have_jax) {
+    std::printf("ratio steps_vs_jax_small %.4f\n", Median(models[0].ratios));
+    std::printf("ratio steps_vs_jax %.4f\n", Median(models[1].ratios));
+  }
   return 0;
 }

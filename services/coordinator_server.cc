@@ -23,6 +23,7 @@
 #include "services/runtime_setup.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
+#include "services/watch_stream.h"
 #include "services/unary_reactor.h"
 
 namespace meshrun::services {
@@ -104,75 +105,10 @@ class CoordinatorServer::UploadReactor final
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-// A dashboard's watch: summaries from the hub's bounded per-watcher queue, one write in
-// flight. Once the queue ran empty, the hub's notifier thread wakes the reactor when more
-// arrive; otherwise each OnWriteDone pulls the next on gRPC's own threads.
-class CoordinatorServer::WatchReactor final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
- public:
-  explicit WatchReactor(std::shared_ptr<telemetry::Watcher> watcher)
-      : watcher_(std::move(watcher)) {
-    watcher_->SetNotify([this] { Pump(); });
-    Pump();
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher gone"));
-    }
-    Pump();
-  }
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher cancelled"));
-  }
-  void OnDone() override {
-    watcher_->SetNotify(nullptr);  // after this the hub never calls Pump again
-    delete this;
-  }
-
- private:
-  void Pump() {
-    const v1::GlobalSummary* write = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
-      if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      telemetry::Watcher::PopResult next = watcher_->TryPop();
-      switch (next.kind) {
-        case telemetry::Watcher::Kind::kItem:
-          out_ = std::move(next.summary);  // shared with other watchers: never mutated
-          writing_ = true;
-          write = out_.get();
-          break;
-        case telemetry::Watcher::Kind::kEmpty:
-          return;
-        case telemetry::Watcher::Kind::kEnd:
-          return FinishLocked(ToGrpcStatus(next.status));
-      }
-    }
-    // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
-    // finishes the stream until OnWriteDone.
-    StartWrite(write);
-  }
-  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
-  }
-
-  std::shared_ptr<telemetry::Watcher> watcher_;
-  absl::Mutex mu_;
-  std::shared_ptr<const v1::GlobalSummary> out_ ABSL_GUARDED_BY(mu_);  // the write in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// The thin callback-API adapter.
-class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
+// WatchTelemetry is registered raw: its reactor writes pre-serialized summaries (watch_stream.h).
+class CoordinatorServer::Service final
+    : public v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
+          v1::Coordinator::CallbackService> {
  public:
   explicit Service(CoordinatorRpcHandler* handler) : handler_(handler) {}
 
@@ -261,27 +197,9 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       grpc::CallbackServerContext* context) override {
     return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context);
   }
-  grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
-      grpc::CallbackServerContext*, const v1::WatchTelemetryRequest* request) override {
-    absl::StatusOr<std::shared_ptr<telemetry::Watcher>> watcher =
-        request->job_id().empty()
-            ? absl::InvalidArgumentError("job_id is empty")
-            : handler_->telemetry().hub().Subscribe(
-                  {.job_id = request->job_id(),
-                   .since_step = request->since_step(),
-                   .names = {request->names().begin(), request->names().end()},
-                   .host_detail = request->host_detail(),
-                   .history_only = request->history_only()});
-    if (!watcher.ok()) {
-      // A reactor that only reports the refusal.
-      class Refusal final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
-       public:
-        explicit Refusal(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
-        void OnDone() override { delete this; }
-      };
-      return new Refusal(watcher.status());
-    }
-    return new WatchReactor(std::move(*watcher));
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
+    return StartWatchStream(handler_->telemetry().hub(), *request);
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const v1::GetMetricsRequest* request,

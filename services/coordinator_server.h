@@ -156,7 +156,6 @@ class CoordinatorServer {
  private:
   class Service;
   class UploadReactor;
-  class WatchReactor;
   CoordinatorServer() = default;
   void SweepLiveness();
   // Once the workers had time to come back after a restart: fails each job restored RUNNING

@@ -35,11 +35,13 @@ void Watcher::Shape(v1::GlobalSummary& summary) const {
 
 Watcher::PopResult Watcher::TakeLiveLocked() {
   // A queued rewind event is always due (Rewind queues only those that are).
-  while (!live_.empty() && !live_.front()->has_rewind() && live_.front()->step() < next_step_) {
+  while (!live_.empty() && !live_.front().summary->has_rewind() &&
+         live_.front().summary->step() < next_step_) {
     live_.pop_front();
   }
   if (!live_.empty()) {
-    PopResult result{Kind::kItem, std::move(live_.front()), absl::OkStatus()};
+    PopResult result{Kind::kItem, std::move(live_.front().summary), absl::OkStatus(),
+                     std::move(live_.front().serialized)};
     live_.pop_front();
     next_step_ = result.summary->step() + 1;
     return result;
@@ -58,6 +60,7 @@ Watcher::PopResult Watcher::ShapeLive(PopResult result) const {
     auto shaped = std::make_shared<v1::GlobalSummary>(*result.summary);
     Shape(*shaped);
     result.summary = std::move(shaped);
+    result.serialized = nullptr;  // the shared bytes are the unfiltered summary
   }
   return result;
 }
@@ -117,7 +120,7 @@ Watcher::PopResult Watcher::TryPop() {
     // it seamlessly.
     const bool reached_live =
         rows->size() < batch_ ||
-        (!live_.empty() && !rows->empty() && rows->back().step() >= live_.front()->step());
+        (!live_.empty() && !rows->empty() && rows->back().step() >= live_.front().summary->step());
     for (v1::GlobalSummary& row : *rows) backfill_.push_back(std::move(row));
     if (reached_live) mode_ = Mode::kLive;
   }
@@ -187,8 +190,7 @@ bool Watcher::closed() const {
   return final_ || ended_;
 }
 
-bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& full,
-                   const std::shared_ptr<const v1::GlobalSummary>& no_detail) {
+bool Watcher::Push(const Shared& full, const Shared& no_detail) {
   absl::MutexLock l(&mu_);
   if (final_ || ended_) return false;
   if (live_.size() >= capacity_) {
@@ -201,20 +203,19 @@ bool Watcher::Push(const std::shared_ptr<const v1::GlobalSummary>& full,
   return FireLocked();
 }
 
-bool Watcher::Rewind(const std::shared_ptr<const v1::GlobalSummary>& event) {
+bool Watcher::Rewind(const Shared& event) {
   absl::MutexLock l(&mu_);
   if (final_ || ended_) return false;
   ++rewinds_;
-  const int64_t step = event->step();
+  const int64_t step = event.summary->step();
   // Queued summaries after `step` are the ended run's, not delivered yet: they go.
-  auto after = [step](int64_t s) { return s > step; };
-  while (!live_.empty() && after(live_.back()->step())) live_.pop_back();
-  while (!backfill_.empty() && after(backfill_.back().step())) backfill_.pop_back();
+  while (!live_.empty() && live_.back().summary->step() > step) live_.pop_back();
+  while (!backfill_.empty() && backfill_.back().step() > step) backfill_.pop_back();
   if (next_step_ <= step + 1) return false;  // delivered nothing after `step`
   if (mode_ == Mode::kLive) {
     live_.push_back(event);
   } else {  // next in line: the backfill delivers it first and goes on from step + 1
-    backfill_.push_front(*event);
+    backfill_.push_front(*event.summary);
   }
   return FireLocked();
 }
@@ -325,13 +326,16 @@ absl::Status WatchHub::OpenJob(const std::string& job_id, std::vector<std::strin
 }
 
 absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
-  // One immutable copy per variant, shared by every watcher without a names filter.
-  auto full = std::make_shared<const v1::GlobalSummary>(summary);
-  std::shared_ptr<const v1::GlobalSummary> no_detail = full;
+  // One immutable copy per variant, and its wire bytes, shared by every watcher without a
+  // names filter: a fan-out to N watchers serializes each variant once, not N times.
+  Watcher::Shared full{std::make_shared<const v1::GlobalSummary>(summary), nullptr};
+  full.serialized = std::make_shared<const std::string>(full.summary->SerializeAsString());
+  Watcher::Shared no_detail = full;
   if (summary.host_detail_size() > 0) {
     auto stripped = std::make_shared<v1::GlobalSummary>(summary);
     stripped->clear_host_detail();
-    no_detail = std::move(stripped);
+    no_detail.serialized = std::make_shared<const std::string>(stripped->SerializeAsString());
+    no_detail.summary = std::move(stripped);
   }
   std::vector<std::shared_ptr<Watcher>> notify;
   {
@@ -368,7 +372,7 @@ absl::Status WatchHub::Rewind(const std::string& job_id, int64_t step, v1::JobRe
   event->set_job_id(job_id);
   event->set_step(step);
   *event->mutable_rewind() = std::move(rewind);
-  std::shared_ptr<const v1::GlobalSummary> shared = std::move(event);
+  Watcher::Shared shared{event, std::make_shared<const std::string>(event->SerializeAsString())};
   std::vector<std::shared_ptr<Watcher>> notify;
   {
     absl::MutexLock l(&mu_);

@@ -34,7 +34,8 @@
 //
 // Names and detail: a watcher asking for `names` gets only those series in each summary (and
 // in host_detail); host_detail is kept only when asked for. Watchers without a names filter
-// share one immutable copy of each published summary (one with, one without host_detail).
+// share one immutable copy of each published summary (one with, one without host_detail), and
+// its serialized bytes (PopResult::serialized): serialized once, whatever the watcher count.
 //
 // Wake-ups: Publish and EndJob only queue items and mark watchers; the notify callbacks of
 // watchers waiting after kEmpty run on the hub's own notifier thread, so a publisher's cost
@@ -81,6 +82,10 @@ class Watcher {
     Kind kind = Kind::kEmpty;
     std::shared_ptr<const v1::GlobalSummary> summary;  // kItem only; may be shared, never mutated
     absl::Status status;
+    // kItem of a watcher without a names filter: `summary` in its wire form, serialized once
+    // when published and shared by every such watcher (a server writes these bytes as they
+    // are). Null otherwise (history rows, filtered summaries): serialize `summary`.
+    std::shared_ptr<const std::string> serialized;
   };
 
   ~Watcher();
@@ -114,6 +119,11 @@ class Watcher {
  private:
   friend class WatchHub;
   enum class Mode { kBackfill, kLive };
+  // A published summary and its serialized form, both shared and immutable.
+  struct Shared {
+    std::shared_ptr<const v1::GlobalSummary> summary;
+    std::shared_ptr<const std::string> serialized;
+  };
 
   Watcher(HistoryStore* history, std::string job_id, int64_t since_step,
           std::vector<std::string> names, bool host_detail, size_t capacity, size_t batch);
@@ -121,11 +131,10 @@ class Watcher {
   // Called by the hub with its lock held. Each returns true when it made something available
   // to a consumer waiting after kEmpty: the hub then has Notify() called, without its lock.
   // `full` is the published summary, `no_detail` the same without host_detail.
-  bool Push(const std::shared_ptr<const v1::GlobalSummary>& full,
-            const std::shared_ptr<const v1::GlobalSummary>& no_detail);
-  // The job rewound to event->step(): drops the queued summaries after it and, when this
-  // watcher delivered steps after it, queues the event next (see WatchHub::Rewind).
-  bool Rewind(const std::shared_ptr<const v1::GlobalSummary>& event);
+  bool Push(const Shared& full, const Shared& no_detail);
+  // The job rewound to event.summary->step(): drops the queued summaries after it and, when
+  // this watcher delivered steps after it, queues the event next (see WatchHub::Rewind).
+  bool Rewind(const Shared& event);
   // No more live items: drain (history, then the queue) and end with `status` (OK for EndJob).
   bool End(absl::Status status);
   // Ends at once with `status` (an error), dropping what is queued.
@@ -159,7 +168,7 @@ class Watcher {
   int64_t next_step_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::GlobalSummary> backfill_ ABSL_GUARDED_BY(mu_);
   // Without a names filter, already shaped (the variant with or without host_detail).
-  std::deque<std::shared_ptr<const v1::GlobalSummary>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<Shared> live_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;        // no more live items will come
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);   // when ended_: how it ends after draining
   bool final_ ABSL_GUARDED_BY(mu_) = false;        // over: TryPop returns kEnd(final_status_)

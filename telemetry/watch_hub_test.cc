@@ -399,6 +399,14 @@ TEST_F(WatchHubTest, WatchersWithoutNamesShareOneCopy) {
   ASSERT_EQ(item_named.summary->values_size(), 1);
   EXPECT_EQ(item_named.summary->values(0).name(), "loss");
   EXPECT_EQ(item_named.summary->host_detail_size(), 0);
+  // Unfiltered watchers share the wire bytes too (serialized once per variant); a filtered
+  // one gets none (its server serializes the shaped copy).
+  ASSERT_NE(item_a.serialized, nullptr);
+  EXPECT_EQ(item_a.serialized.get(), item_b.serialized.get());
+  EXPECT_EQ(*item_a.serialized, item_a.summary->SerializeAsString());
+  ASSERT_NE(item_detail.serialized, nullptr);
+  EXPECT_EQ(*item_detail.serialized, item_detail.summary->SerializeAsString());
+  EXPECT_EQ(item_named.serialized, nullptr);
 }
 
 TEST_F(WatchHubTest, CloseDrainsThenEndsWithOk) {

@@ -179,7 +179,7 @@ std::string ExecutableStore::PathOf(const std::string& fingerprint) const {
 }
 
 absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
-    const std::string& fingerprint, int64_t total) {
+    const std::string& fingerprint, int64_t total, Verify verify) {
   if (!IsFingerprint(fingerprint)) {
     return absl::InvalidArgumentError(
         absl::StrCat("fingerprint \"", fingerprint, "\" is not a lowercase hex sha256"));
@@ -203,15 +203,17 @@ absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
     uploads_.fetch_sub(1);
     return absl::InternalError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
   }
-  return std::unique_ptr<Upload>(new Upload(this, fingerprint, total, temp, fd));
+  return std::unique_ptr<Upload>(
+      new Upload(this, fingerprint, total, temp, fd, verify == Verify::kOnReceive));
 }
 
 ExecutableStore::Upload::Upload(ExecutableStore* store, std::string fingerprint, int64_t total,
-                                std::string temp_path, int fd)
+                                std::string temp_path, int fd, bool hash)
     : store_(store),
       fingerprint_(std::move(fingerprint)),
       total_(total),
       temp_path_(std::move(temp_path)),
+      hash_(hash),
       fd_(fd),
       writer_([this] { WriteLoop(); }) {}
 
@@ -272,7 +274,7 @@ void ExecutableStore::Upload::WriteLoop() {
       if (wake) wake();  // the next Append reports the error
       return;
     }
-    hasher_.Update(data);
+    if (hash_) hasher_.Update(data);
     {
       absl::MutexLock lock(&mu_);
       if (spare_.size() < kMaxQueuedChunks) {
@@ -338,8 +340,13 @@ absl::Status ExecutableStore::Upload::Commit(const std::string& sha256) {
     return absl::DataLossError(
         absl::StrCat("transfer truncated: received ", received_, " of ", total_, " bytes"));
   }
-  const std::string digest = hasher_.HexDigest();
-  if (digest != sha256 || digest != fingerprint_) {
+  if (!hash_) {  // Verify::kOnRead: the transport vouches for the bytes, Read for the name
+    if (sha256 != fingerprint_) {
+      return absl::DataLossError(absl::StrCat("announced sha256 ", sha256,
+                                              " is not the fingerprint ", fingerprint_));
+    }
+  } else if (const std::string digest = hasher_.HexDigest();
+             digest != sha256 || digest != fingerprint_) {
     return absl::DataLossError(absl::StrCat("checksum mismatch: received bytes hash to ", digest,
                                             ", announced ", sha256, ", fingerprint ",
                                             fingerprint_));

@@ -56,8 +56,9 @@ class ExecutableStore {
     // stop receiving meanwhile instead of blocking its thread.
     bool HasRoomOrNotify(std::function<void()> wake);
     // Waits for the queued chunks, verifies the length and both digests (announced `sha256`
-    // and the fingerprint), and hands the file to the store: readable from now on, durable
-    // once the flusher is done with it. Call at most once.
+    // and the fingerprint; with Verify::kOnRead only that they are equal), and hands the file
+    // to the store: readable from now on, durable once the flusher is done with it. Call at
+    // most once.
     // Errors: DATA_LOSS (truncated or checksum mismatch; discarded), INTERNAL (a write
     // failed: discarded), FAILED_PRECONDITION (called twice).
     absl::Status Commit(const std::string& sha256);
@@ -66,7 +67,7 @@ class ExecutableStore {
    private:
     friend class ExecutableStore;
     Upload(ExecutableStore* store, std::string fingerprint, int64_t total, std::string temp_path,
-           int fd);
+           int fd, bool hash);
     absl::Status Check(int64_t offset, size_t size) const;
     void WriteLoop();  // the upload's thread: hashes and writes queued chunks in order
     void StopWriter();  // finishes the queue (emptied first when discarding) and joins
@@ -79,6 +80,7 @@ class ExecutableStore {
     const std::string fingerprint_;
     const int64_t total_;
     const std::string temp_path_;
+    const bool hash_;  // Verify::kOnReceive
     int fd_;
     int64_t received_ = 0;  // queued bytes; the caller's thread only
     bool done_ = false;
@@ -110,10 +112,23 @@ class ExecutableStore {
   }
   ~ExecutableStore();
 
+  // When an upload checks that its bytes hash to the fingerprint.
+  enum class Verify {
+    // As they arrive (the upload's thread hashes each chunk): Commit fails with DATA_LOSS on a
+    // mismatch, so the sender learns at once. For links without integrity of their own.
+    kOnReceive,
+    // Only when read: Commit checks the length and that the announced sha256 is the
+    // fingerprint, not the bytes. For links whose transport already authenticates every byte
+    // (mutual TLS: AEAD records, in order); Read's hash still catches a sender that announced
+    // the wrong fingerprint, and the disk. Saves one sha256 pass over every executable.
+    kOnRead,
+  };
+
   // Errors: INVALID_ARGUMENT (fingerprint not 64 lowercase hex, total not positive or over
   // max_executable_bytes), RESOURCE_EXHAUSTED (max_uploads in progress), INTERNAL (temp file
   // cannot be created).
-  absl::StatusOr<std::unique_ptr<Upload>> Begin(const std::string& fingerprint, int64_t total);
+  absl::StatusOr<std::unique_ptr<Upload>> Begin(const std::string& fingerprint, int64_t total,
+                                                Verify verify = Verify::kOnReceive);
 
   bool Has(const std::string& fingerprint) const;
   // Errors: NOT_FOUND; DATA_LOSS when the file no longer matches its fingerprint (deleted).

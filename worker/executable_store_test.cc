@@ -160,5 +160,36 @@ TEST(ExecutableStoreTest, AbandonedUploadLeavesNoFile) {
   EXPECT_TRUE(std::filesystem::is_empty(dir));
 }
 
+// Verify::kOnRead (a transport that authenticates every byte): the upload does not hash, so
+// bytes that do not match the fingerprint are committed, and Read is what catches them (and
+// deletes the file); matching bytes read back as sent. An announced sha256 other than the
+// fingerprint is still refused at Commit.
+TEST(ExecutableStoreTest, VerifyOnReadLeavesTheHashToRead) {
+  auto store = NewStore("verify_on_read");
+  const std::string bytes(1500000, 'v');
+  const std::string fp = Sha256Hex(bytes);
+  using Verify = ExecutableStore::Verify;
+  auto good = store->Begin(fp, static_cast<int64_t>(bytes.size()), Verify::kOnRead).value();
+  ASSERT_TRUE(good->Append(0, absl::string_view(bytes).substr(0, ExecutableStore::kMaxChunkBytes)).ok());
+  ASSERT_TRUE(good->Append(ExecutableStore::kMaxChunkBytes,
+                           absl::string_view(bytes).substr(ExecutableStore::kMaxChunkBytes))
+                  .ok());
+  ASSERT_TRUE(good->Commit(fp).ok());
+  EXPECT_EQ(store->Read(fp).value(), bytes);
+
+  const std::string other(10, 'o'), other_fp = Sha256Hex(other);
+  auto named_wrong = store->Begin(other_fp, 10, Verify::kOnRead).value();
+  ASSERT_TRUE(named_wrong->Append(0, "0123456789").ok());
+  EXPECT_EQ(named_wrong->Commit(Sha256Hex("0123456789")).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(store->Has(other_fp));
+
+  auto lying = store->Begin(other_fp, 10, Verify::kOnRead).value();
+  ASSERT_TRUE(lying->Append(0, "0123456789").ok());
+  ASSERT_TRUE(lying->Commit(other_fp).ok());
+  EXPECT_EQ(store->Read(other_fp).status().code(), absl::StatusCode::kDataLoss);
+  store->Flush();
+  EXPECT_FALSE(store->Has(other_fp)) << "Read deletes what does not match its fingerprint";
+}
+
 }  // namespace
 }  // namespace meshrun::worker
