@@ -18,6 +18,10 @@ packages=(
 )
 # Checkpoints: zstd, to read the chunks Orbax compresses (checkpoint/orbax_read.cc).
 packages+=(libzstd-dev)
+# sdk (issue 17): promtool, from Debian's prometheus package (no separate promtool package in
+# Debian 12), checks a live /metrics in sdk_promtool_test. Where systemd runs, the package
+# also enables a Prometheus server on :9090 (`systemctl disable --now prometheus` stops it).
+packages+=(prometheus)
 # Node.js: Debian's, unless a node with npm is already installed.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

@@ -43,10 +43,10 @@ wait_for "$tmp/watch.txt" "^ *70 " || fail "the job did not reach step 70"
 kill -9 "${worker_pid[host-b]}"
 start_worker host-b 1
 for _ in $(seq 1200); do
-  cli get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
   sleep 0.1
 done
-cli get "$job" >"$tmp/recovered.txt"
+cli --output=textproto get "$job" >"$tmp/recovered.txt"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/recovered.txt" \
   || fail "the job did not recover: $(cat "$tmp/recovered.txt")"
 grep -A8 "^attempts {" "$tmp/recovered.txt" >"$tmp/attempt.txt" || fail "no attempt recorded"
