@@ -37,8 +37,9 @@ struct BundleOptions {
   int64_t steps = 100;
   int64_t telemetry_cadence = 10;
   // Overrides the bundle's data: "" keeps it (data.example_bundle), "synthetic" asks for seeded
-  // random tokens by name, a path ending in ".arrays" or naming a meshrun.data.write_arrays
-  // file is an array-batch file, anything else a token shard glob (made absolute).
+  // random tokens by name, one existing file that does not start with the token shard magic
+  // is an array-batch file (data.array_file, meshrun.data.write_arrays), anything else a token
+  // shard glob. Paths are made absolute.
   std::string data;
   // Overrides the bundle's mesh.host_replicas (CPU hosts running the mesh each) when > 0.
   int host_replicas = 0;
