@@ -15,7 +15,7 @@
 
 #include "bench/bench_support.h"
 #include "coordinator/job_validation.h"
-#include "services/job_bundle.h"
+#include "client/job_bundle.h"
 #include "worker/runtime/backends.h"
 #include "worker/batch_sources.h"
 #include "worker/runtime/example_job.h"
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   const int steps = quick ? 10 : 40;
   const std::string path =
       std::string(MESHRUN_SOURCE_DIR) + "/examples/transformer_lm/sparse_dp1/job.json";
-  absl::StatusOr<v1::JobSpec> spec = services::JobSpecFromBundle(path, {});
+  absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(path, {});
   if (!spec.ok()) return Fail("read bundle", spec.status());
   const worker::sparse::MaskContract contract =
       coordinator::SparseContractOf(spec->sparse_attention());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
+#include "coordinator/array_data.h"
 #include "coordinator/spec_limits.h"
 #include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
@@ -261,6 +262,7 @@ absl::Status CheckCheckpointFields(const v1::JobSpec& spec) {
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
   v1::DataReceipt receipt;
   if (spec.data().synthetic()) receipt.set_synthetic(true);
+  if (spec.data().has_array_file()) return ArrayFileReceipt(spec);  // sdk: array batches
   if (!spec.data().has_token_shards_glob()) return receipt;
   const std::string& glob = spec.data().token_shards_glob();
   absl::StatusOr<std::shared_ptr<const worker::TokenCorpus>> corpus =
@@ -333,7 +335,12 @@ std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs
 }
 
 bool IsModeB(const v1::JobSpec& spec) {
-  return spec.model_family() == v1::MODEL_FAMILY_MOE || spec.mesh().host_replicas() > 1;
+  if (spec.model_family() == v1::MODEL_FAMILY_MOE || spec.mesh().host_replicas() > 1) return true;
+  // sdk: any model exported with grad + apply (meshrun.export's compile mode B).
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == "grad") return true;
+  }
+  return false;
 }
 
 const char* CompileMode(const v1::JobSpec& spec) { return IsModeB(spec) ? "B" : "A"; }
@@ -444,6 +451,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (spec.data().has_token_shards_glob() && spec.data().token_shards_glob().empty()) {
     return Invalid("data.token_shards_glob", "is empty");
+  }
+  if (spec.data().has_array_file() && spec.data().array_file().empty()) {
+    return Invalid("data.array_file", "is empty");
   }
   // The plan tables first: the token data check skips the inputs they name.
   if (spec.has_sparse_attention()) {

@@ -36,7 +36,8 @@ worker::sparse::MaskContract SparseContractOf(const v1::SparseAttention& sparse)
 std::vector<std::pair<worker::sparse::PlanTable, std::string>> SparseTableInputs(
     const v1::SparseAttention& sparse);
 
-// Compile mode B (grad + apply programs) for MoE models, and for any model run as host
+// Compile mode B (grad + apply programs) for MoE models, for a job whose programs are grad +
+// apply (meshrun.export with grad=/apply=), and for any model run as host
 // replicas (mesh.host_replicas > 1: the hosts average gradients between grad and apply);
 // otherwise A (one whole-step program), as for dense and Mamba-only models.
 bool IsModeB(const v1::JobSpec& spec);

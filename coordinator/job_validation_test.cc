@@ -269,10 +269,13 @@ v1::JobSpec MoeSpec() {
 
 TEST(JobValidationTest, ModeBNeedsGradApplyAndAccumulation) {
   EXPECT_TRUE(ValidateJobSpec(AsExported(MoeSpec())).ok()) << ValidateJobSpec(AsExported(MoeSpec()));
+  // Any model exported with grad + apply (meshrun.export's mode B) runs in mode B.
+  v1::JobSpec dense_b = AsExported(MoeSpec());
+  dense_b.set_model_family(v1::MODEL_FAMILY_DENSE);
+  EXPECT_TRUE(IsModeB(dense_b));
+  EXPECT_TRUE(ValidateJobSpec(dense_b).ok()) << ValidateJobSpec(dense_b);
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
       {[](v1::JobSpec& s) { s.set_grad_accumulation(0); }, "spec.grad_accumulation is 0"},
-      {[](v1::JobSpec& s) { s.set_model_family(v1::MODEL_FAMILY_DENSE); },
-       "need a \"step\" program"},
       {[](v1::JobSpec& s) { *s.add_programs() = GoodSpec().programs(1); }, "drop \"step\""},
       {[](v1::JobSpec& s) { s.mutable_programs(2)->mutable_inputs()->RemoveLast(); },
        "do not fit compile mode B"},

@@ -542,6 +542,20 @@ class TransformerMoe(TransformerLm):
 
 # ---------------------------------------------------------------- programs
 
+# What the rows and columns of the 2-D series are: the dashboard heatmap's caption.
+CAPTIONS = {"sink_mass": "layer \u00d7 head", "expert_load": "layer \u00d7 expert"}
+
+
+def telemetry_entries(model):
+    entries = []
+    for n, s, c in model.telemetry():
+        entry = {"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
+        if n in CAPTIONS:
+            entry["caption"] = CAPTIONS[n]
+        entries.append(entry)
+    return entries
+
+
 def make_step(model):
     def train(state, *inputs):
         (loss, aux), grads = jax.value_and_grad(model.loss, has_aux=True)(state["params"], *inputs)
@@ -651,8 +665,7 @@ def export_variant(model, mesh_name, out_dir, batches, data_file):
         },
         "seed": SEED,
         "data": {"file": data_file, "steps": len(batches), "arrays": batch_entries},
-        "telemetry": [{"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
-                      for n, s, c in model.telemetry()],
+        "telemetry": telemetry_entries(model),
         "reference": "reference.json",
         "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
     }
@@ -829,8 +842,7 @@ def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
         # steps x grad_accumulation micro-batches, each one grad call's batch inputs
         "data": {"file": data_file, "steps": len(micro_batches) // grad_accumulation(model),
                  "arrays": data_arrays},
-        "telemetry": [{"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
-                      for n, s, c in model.telemetry()],
+        "telemetry": telemetry_entries(model),
         "reference": "reference.json",
         "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
     }

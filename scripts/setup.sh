@@ -21,6 +21,10 @@ packages+=(libzstd-dev)
 # multihost (issue 18): buildah, to build and run the container image from scratch without a
 # registry (deploy/container/build_image.sh, container_test).
 packages+=(buildah)
+# sdk (issue 17): promtool, from Debian's prometheus package (no separate promtool package in
+# Debian 12), checks a live /metrics in sdk_promtool_test. Where systemd runs, the package
+# also enables a Prometheus server on :9090 (`systemctl disable --now prometheus` stops it).
+packages+=(prometheus)
 # Node.js: Debian's, unless a node with npm is already installed.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

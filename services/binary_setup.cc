@@ -13,6 +13,9 @@
 #include "services/server_support.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_format, "text",
+          "text, or json (one object a line: time, level, program, thread, message) for log "
+          "pipelines; timestamps are UTC either way");
 
 namespace meshrun::services {
 namespace {
@@ -40,7 +43,9 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (absl::Status status = InitLogging(program, absl::GetFlag(FLAGS_log_level)); !status.ok()) {
+  if (absl::Status status = InitLogging(program, absl::GetFlag(FLAGS_log_level),
+                                              absl::GetFlag(FLAGS_log_format));
+      !status.ok()) {
     ExitWithError(std::string(status.message()), 2);
   }
   RouteGrpcLogsToSpdlog();

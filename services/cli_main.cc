@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/job_bundle.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "coordinator/job_table.h"
@@ -27,8 +28,8 @@
 #include "services/binary_setup.h"
 #include "services/cli_certs.h"
 #include "services/cli_checkpoints.h"
+#include "services/cli_get.h"
 #include "services/grpc_probe.h"
-#include "services/job_bundle.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
 #include "telemetry/export.h"
@@ -43,8 +44,8 @@ ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
           "HOST:PORT of the coordinator (default $MESHRUN_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
 ABSL_FLAG(std::string, output, "text",
-          "text (tables, default) or json (the full messages, proto3 JSON; watch: one line per "
-          "summary)");
+          "text (tables, default), json (the full messages, proto3 JSON; watch: one line per "
+          "summary) or textproto (get: the manifest as protobuf text, as before)");
 ABSL_FLAG(int, expect, 0,
           "workers: wait (up to --wait) until at least this many workers are ALIVE");
 ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
@@ -52,8 +53,9 @@ ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
 ABSL_FLAG(int64_t, cadence, 10, "submit: a telemetry summary every N steps");
 ABSL_FLAG(std::string, data, "",
-          "submit: token shard glob to train on (e.g. '.data/fortunes/*.tok'), or 'synthetic' "
-          "for seeded random tokens; empty: the bundle's own batches");
+          "submit: token shard glob to train on (e.g. '.data/fortunes/*.tok'), an array-batch "
+          "file (meshrun.data.write_arrays: any model's batch inputs, docs/data.md), or "
+          "'synthetic' for seeded random tokens; empty: the bundle's own batches");
 ABSL_FLAG(int, host_replicas, 0,
           "submit: run the mesh on this many CPU hosts, data-parallel across them (mode B "
           "jobs; 0: the bundle's mesh.host_replicas)");
@@ -79,10 +81,12 @@ constexpr char kUsage[] =
     "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
     "  workers              list the coordinator's workers and why a job's pin excludes any\n"
     "                       (--job=ID; --expect=N waits for N alive)\n"
-    "  submit <job.json>    submit an exported bundle (--steps, --cadence, --follow;\n"
+    "  submit <bundle>      submit an exported bundle (its directory or job.json; --steps,\n"
+    "                       --cadence, --data, --follow;\n"
     "                       --checkpoint_dir, --checkpoint_every, --keep_checkpoints,\n"
     "                       --resume_from)\n"
-    "  get <job-id>         print a job's manifest\n"
+    "  get <job-id>         a job's summary (state, mesh, runtime, compile, data, step, error;\n"
+    "                       --output=json: the full manifest)\n"
     "  list                 list jobs\n"
     "  cancel <job-id>      cancel a job on every worker\n"
     "  checkpoint <job-id>  save a running job's state now (it needs --checkpoint_dir)\n"
@@ -100,8 +104,8 @@ constexpr char kUsage[] =
 // --output=json: the whole message as proto3 JSON on one line.
 bool JsonOutput() {
   const std::string output = absl::GetFlag(FLAGS_output);
-  if (output != "text" && output != "json") {
-    ExitWithError("--output=" + output + " is not text or json", 2);
+  if (output != "text" && output != "json" && output != "textproto") {
+    ExitWithError("--output=" + output + " is not text, json or textproto", 2);
   }
   return output == "json";
 }
@@ -245,8 +249,8 @@ std::string ManifestText(v1::JobManifest job) {
 }
 
 int Submit(const std::vector<std::string>& args) {
-  if (args.size() != 3) ExitWithError("usage: meshrun submit <job.json>", 2);
-  absl::StatusOr<v1::JobSpec> spec = JobSpecFromBundle(
+  if (args.size() != 3) ExitWithError("usage: meshrun submit <bundle directory or job.json>", 2);
+  absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(
       args[2], {.steps = absl::GetFlag(FLAGS_steps),
                 .telemetry_cadence = absl::GetFlag(FLAGS_cadence),
                 .data = absl::GetFlag(FLAGS_data),
@@ -301,8 +305,10 @@ int Get(const std::vector<std::string>& args) {
   CheckCall(stub->GetJob(context.get(), request, &job), "get");
   if (JsonOutput()) {
     PrintJson(job);
-  } else {
+  } else if (absl::GetFlag(FLAGS_output) == "textproto") {
     std::printf("%s", ManifestText(job).c_str());
+  } else {
+    std::printf("%s", JobSummaryText(job).c_str());
   }
   return 0;
 }
@@ -352,6 +358,10 @@ int Checkpoint(const std::vector<std::string>& args) {
   v1::CheckpointJobResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CheckpointJob(context.get(), request, &response), "checkpoint");
+  if (JsonOutput()) {  // the shape of cancel's
+    std::printf("{\"checkpoint_requested\":\"%s\"}\n", absl::CEscape(args[2]).c_str());
+    return 0;
+  }
   std::printf("checkpoint requested for %s: it is committed once every host wrote its shards "
               "(meshrun get %s lists it)\n", args[2].c_str(), args[2].c_str());
   return 0;

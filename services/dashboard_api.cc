@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -81,6 +82,22 @@ absl::StatusOr<int64_t> NonNegative(const char* name, const std::string& value) 
   return n;
 }
 
+// "ExecuteTime" -> "execute_time", "TransferToDevice2" -> "transfer_to_device2"; anything
+// outside [A-Za-z0-9] becomes "_".
+std::string SnakeCase(const std::string& name) {
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (absl::ascii_isupper(c)) {
+      if (i > 0 && !out.empty() && out.back() != '_') out += '_';
+      out += absl::ascii_tolower(c);
+    } else {
+      out += absl::ascii_isalnum(c) ? c : '_';
+    }
+  }
+  return out;
+}
+
 // "JOB_STATE_RUNNING" -> "running".
 std::string EnumLabel(const std::string& name, const char* prefix) {
   return absl::AsciiStrToLower(absl::StripPrefix(name, prefix));
@@ -93,11 +110,11 @@ absl::Status AddGoodput(const v1::ListJobsResponse& jobs, telemetry::PrometheusT
   RETURN_IF_ERROR(out.Declare("meshrun_job_badput_seconds", telemetry::MetricType::kGauge,
                               "The job's wall time not spent in steps that count, by cause."));
   for (const v1::JobManifest& job : jobs.jobs()) {
-    RETURN_IF_ERROR(out.Add("meshrun_job_goodput_ratio", {{"job", job.job_id()}},
+    RETURN_IF_ERROR(out.Add("meshrun_job_goodput_ratio", {{"job_id", job.job_id()}},
                             job.goodput().ratio()));
     for (const auto& [cause, seconds] : job.goodput().badput_seconds()) {
       RETURN_IF_ERROR(out.Add("meshrun_job_badput_seconds",
-                              {{"job", job.job_id()}, {"cause", cause}}, seconds));
+                              {{"job_id", job.job_id()}, {"cause", cause}}, seconds));
     }
   }
   return absl::OkStatus();
@@ -304,20 +321,29 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
   // is left out of this scrape).
   v1::GetMetricsResponse metrics;
   RETURN_IF_ERROR(handler.GetMetrics({}, &metrics));
-  RETURN_IF_ERROR(out.Declare("meshrun_worker_events_total", MetricType::kCounter,
-                              "Samples or events of each worker metric (e.g. ExecuteTime)."));
-  RETURN_IF_ERROR(out.Declare("meshrun_worker_seconds_total", MetricType::kCounter,
-                              "Total time of each worker timer metric."));
-  RETURN_IF_ERROR(out.Declare("meshrun_worker_bytes_total", MetricType::kCounter,
-                              "Total bytes of each worker byte metric."));
+  // One family per worker metric, the unit in its name: ExecuteTime ->
+  // meshrun_worker_execute_time_seconds_total (its total) and
+  // meshrun_worker_execute_time_samples_total (its sample count); TransferToDeviceBytes ->
+  // meshrun_worker_transfer_to_device_bytes_total and ..._bytes_samples_total; a counter
+  // (Steps) -> meshrun_worker_steps_total.
   for (const v1::HostMetrics& host : metrics.hosts()) {
     for (const v1::Metric& metric : host.metrics()) {
-      const Labels labels = {{"host", host.host()}, {"metric", metric.name()}};
-      RETURN_IF_ERROR(out.Add("meshrun_worker_events_total", labels, metric.count()));
-      if (metric.unit() == "seconds") {
-        RETURN_IF_ERROR(out.Add("meshrun_worker_seconds_total", labels, metric.total()));
-      } else if (metric.unit() == "bytes") {
-        RETURN_IF_ERROR(out.Add("meshrun_worker_bytes_total", labels, metric.total()));
+      const std::string base = "meshrun_worker_" + SnakeCase(metric.name());
+      const Labels labels = {{"host", host.host()}};
+      const bool timed = metric.unit() == "seconds" || metric.unit() == "bytes";
+      const std::string count = base + (timed ? "_samples_total" : "_total");
+      RETURN_IF_ERROR(out.Declare(count, MetricType::kCounter,
+                                  absl::StrCat("Samples or events of the worker metric ",
+                                               metric.name(), ".")));
+      RETURN_IF_ERROR(out.Add(count, labels, metric.count()));
+      if (timed) {
+        const std::string unit = "_" + metric.unit();  // TransferToDeviceBytes: once
+        const std::string total =
+            (absl::EndsWith(base, unit) ? base : base + unit) + "_total";
+        RETURN_IF_ERROR(out.Declare(total, MetricType::kCounter,
+                                    absl::StrCat("Total ", metric.unit(), " of the worker metric ",
+                                                 metric.name(), ".")));
+        RETURN_IF_ERROR(out.Add(total, labels, metric.total()));
       }
     }
   }

@@ -88,7 +88,7 @@ TEST_F(HttpServerTest, ServesTheDashboardJsonAndStrictPrometheusText) {
   EXPECT_TRUE(absl::StrContains(metrics.body, "meshrun_worker_up{host=\"host-a\"} 1\n"))
       << metrics.body;
   EXPECT_TRUE(absl::StrContains(metrics.body, "meshrun_jobs{state=\"running\"} 0\n"));
-  EXPECT_TRUE(absl::StrContains(metrics.body, "# TYPE meshrun_worker_events_total counter\n"));
+  EXPECT_TRUE(absl::StrContains(metrics.body, "meshrun_build_info{version="));
 }
 
 TEST_F(HttpServerTest, BadRequestsNameTheProblemAndLeaveTheServerServing) {

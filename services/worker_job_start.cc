@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/progress_monitor.h"
+#include "services/array_batch_source.h"
 #include "services/server_support.h"
 #include "services/worker_checkpoints.h"
 #include "services/coordinator_kv_client.h"
@@ -106,6 +107,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
                                                                  Replica replica) {
   const v1::DataSource& data = manifest.spec().data();
   const v1::MeshAssignment& mesh = manifest.mesh();
+  if (data.has_array_file()) return ArrayFileBatchesFor(manifest, replica.index);  // sdk
   if (data.has_example_bundle()) {
     ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
     if (bundle.batches.empty()) {

@@ -39,12 +39,12 @@ awk -F, 'FNR == 1 { next }
 
 # Goodput: in the manifest and on /metrics.
 job=$(field job_id <"$tmp/resumed.txt")
-cli get "$job" >"$tmp/get.txt"
+cli --output=textproto get "$job" >"$tmp/get.txt"
 ratio=$(sed -n '/^goodput {/,/^}/s/^  ratio: //p' "$tmp/get.txt")
 awk -v r="$ratio" 'BEGIN { exit !(r > 0 && r <= 1) }' || fail "goodput ratio '$ratio': $(cat "$tmp/get.txt")"
 grep -A2 'key: "restore"' "$tmp/get.txt" | grep -q "value:" || fail "no restore badput: $(cat "$tmp/get.txt")"
 curl -sf "http://127.0.0.1:$http/metrics" >"$tmp/metrics.txt" || fail "/metrics"
-grep -q "^meshrun_job_goodput_ratio{job=\"$job\"} " "$tmp/metrics.txt" || fail "no goodput on /metrics"
+grep -q "^meshrun_job_goodput_ratio{job_id=\"$job\"} " "$tmp/metrics.txt" || fail "no goodput on /metrics"
 grep -q "^meshrun_job_badput_seconds{.*cause=\"compile\"" "$tmp/metrics.txt" || fail "no badput on /metrics"
 echo "goodput of the resumed job: $ratio"
 

@@ -112,14 +112,14 @@ fi
 rm -rf "$ck"/*
 job=$(cli submit "$mlp/dp8/job.json" --steps=10000000 --cadence=100 --checkpoint_dir="$ck" \
   --checkpoint_every=100000000)
-for _ in $(seq 300); do cli get "$job" | grep -q "state: JOB_STATE_RUNNING" && break; sleep 0.1; done
+for _ in $(seq 300); do cli --output=textproto get "$job" | grep -q "state: JOB_STATE_RUNNING" && break; sleep 0.1; done
 cli checkpoint "$job" >/dev/null || fail "meshrun checkpoint refused"
-for _ in $(seq 300); do cli get "$job" | grep -q "committed: true" && break; sleep 0.1; done
-cli get "$job" | grep -q "committed: true" || fail "meshrun checkpoint saved nothing"
+for _ in $(seq 300); do cli --output=textproto get "$job" | grep -q "committed: true" && break; sleep 0.1; done
+cli --output=textproto get "$job" | grep -q "committed: true" || fail "meshrun checkpoint saved nothing"
 kill -TERM "$worker"
 for _ in $(seq 300); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$worker" 2>/dev/null && fail "the worker did not exit within 30 s of SIGTERM"
-cli get "$job" >"$tmp/preempted.txt"
+cli --output=textproto get "$job" >"$tmp/preempted.txt"
 last=$(field last_step <"$tmp/preempted.txt")
 newest=$(ls "$ck" | sort -n | tail -1)
 [ -n "$last" ] && [ "$newest" = "$last" ] \

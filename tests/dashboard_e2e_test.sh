@@ -36,10 +36,10 @@ node "$src/tests/dashboard_e2e.mjs" "$src/web" "$base/" "$build/dashboard_e2e.pn
 [ -s "$build/dashboard_e2e.png" ] || fail "no screenshot"
 
 for _ in $(seq 3000); do
-  "$bin/meshrun" --coordinator="127.0.0.1:$port" get job-1 | grep "state: JOB_STATE_SUCCEEDED" >/dev/null && break
+  "$bin/meshrun" --coordinator="127.0.0.1:$port" --output=textproto get job-1 | grep "state: JOB_STATE_SUCCEEDED" >/dev/null && break
   sleep 0.1
 done
-"$bin/meshrun" --coordinator="127.0.0.1:$port" get job-1 | grep "state: JOB_STATE_SUCCEEDED" >/dev/null \
+"$bin/meshrun" --coordinator="127.0.0.1:$port" --output=textproto get job-1 | grep "state: JOB_STATE_SUCCEEDED" >/dev/null \
   || fail "job-1 did not succeed"
 
 # 2. Prometheus text with the job's telemetry and the worker's metrics.
@@ -47,7 +47,7 @@ curl -sf "$base/metrics" >"$tmp/metrics.txt" || fail "/metrics"
 for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index="0"}' \
             'meshrun_telemetry_value{job_id="job-1",series="metrics.sink_mass",index="23"}' \
             'meshrun_worker_up{host="worker-0"} 1' \
-            'meshrun_worker_seconds_total{host="worker-0",metric="ExecuteTime"}' \
+            'meshrun_worker_execute_time_seconds_total{host="worker-0"}' \
             'meshrun_job_state{job_id="job-1",state="' 'meshrun_build_info{version="0.1.0"} 1'; do
   grep -qF "$want" "$tmp/metrics.txt" || fail "/metrics lacks $want: $(cat "$tmp/metrics.txt")"
 done

@@ -23,7 +23,7 @@ start_coordinator() {
   await_coordinator "$tmp/coordinator-$1.log"
 }
 # The job's state, e.g. JOB_STATE_RUNNING (sed reads everything: no SIGPIPE under pipefail).
-state_of() { cli get "$1" | sed -n 's/^state: //p'; }
+state_of() { cli --output=textproto get "$1" | sed -n 's/^state: //p'; }
 # Waits (bounded by $2 tenths of a second) until job $1 is in state $3.
 wait_state() { for _ in $(seq "$2"); do [ "$(state_of "$1")" = "$3" ] && return 0; sleep 0.1; done; return 1; }
 
@@ -77,7 +77,7 @@ done || fail "no worker stopped $job"
 # 4. kill -9 the worker of a running job: FAILED naming it within 2T.
 job=$(cli submit "$bundle" --steps=100000000 --cadence=1000)
 wait_state "$job" 300 JOB_STATE_RUNNING || fail "job $job never RUNNING"
-victim=$(cli get "$job" | sed -n 's/.*key: "\(worker-[01]\)".*/\1/p' | head -1)
+victim=$(cli --output=textproto get "$job" | sed -n 's/.*key: "\(worker-[01]\)".*/\1/p' | head -1)
 # Every process of the worker (bash may wrap a background command in a subshell of the same
 # command line), found by its unique state dir.
 pgrep -f -- "--state_dir=$tmp/$victim\$" >/dev/null || fail "cannot find the process of $victim"
@@ -85,7 +85,7 @@ killed_at=$(date +%s%N)
 pkill -9 -f -- "--state_dir=$tmp/$victim\$"
 wait_state "$job" 100 JOB_STATE_FAILED || true
 elapsed_ms=$(( ($(date +%s%N) - killed_at) / 1000000 ))
-cli get "$job" >"$tmp/job4.txt"
+cli --output=textproto get "$job" >"$tmp/job4.txt"
 grep -q JOB_STATE_FAILED "$tmp/job4.txt" || fail "job not FAILED after its worker died"
 grep -q "failed_host: \"$victim\"" "$tmp/job4.txt" || fail "failure does not name $victim"
 grep -q "is DEAD" "$tmp/job4.txt" || fail "failure does not say the worker is dead"

@@ -49,10 +49,10 @@ truncate -s -4 "$chunk"
 kill -9 "${worker_pid[host-b]}"
 start_worker host-b 1
 for _ in $(seq 1200); do
-  cli get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
   sleep 0.1
 done
-cli get "$job" >"$tmp/recovered.txt"
+cli --output=textproto get "$job" >"$tmp/recovered.txt"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/recovered.txt" \
   || fail "the job did not recover: $(cat "$tmp/recovered.txt")"
 cli get "$job" --output=json >"$tmp/recovered.json"

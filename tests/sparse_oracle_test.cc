@@ -18,7 +18,7 @@
 
 #include "coordinator/job_validation.h"
 #include "gtest/gtest.h"
-#include "services/job_bundle.h"
+#include "client/job_bundle.h"
 #include "worker/runtime/backends.h"
 #include "worker/runtime/example_job.h"
 #include "worker/runtime/pjrt/pjrt_runtime.h"
@@ -33,7 +33,7 @@ TEST(SparseOracle, LossAndActiveTilesMatchJax) {
   if (stat(plugin.c_str(), &st) != 0) GTEST_SKIP() << "PJRT CPU plugin missing at " << plugin;
   const std::string path =
       std::string(MESHRUN_SOURCE_DIR) + "/examples/transformer_lm/sparse_dp1/job.json";
-  absl::StatusOr<v1::JobSpec> spec = services::JobSpecFromBundle(path, {});
+  absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(path, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_TRUE(spec->has_sparse_attention());
   ASSERT_TRUE(coordinator::ValidateJobSpec(*spec).ok()) << coordinator::ValidateJobSpec(*spec);

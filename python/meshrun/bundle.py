@@ -1,113 +1,153 @@
-"""Reads a bundle directory (job.json + programs, as meshrun.export or examples/ write it) into
-the JobSpec a client submits: the Python twin of the CLI's services/job_bundle.cc.
+"""Reads a bundle directory (job.json + programs, as meshrun.export or examples/ write it) as the
+typed JobBundle (proto/meshrun/v1/bundle.proto) and turns it into the JobSpec a client submits:
+the Python twin of the CLI's client/job_bundle.cc.
 
-Only what a run needs is required: `reference` and `compile_options_jax` are test data and
-ignored here. Mesh axes must be the roles data/model/expert (meshrun.export maps the user's
-names); any other axis is refused by name."""
+job.json is a JobBundle in proto3 JSON, parsed strictly: an unknown or mistyped field is an
+error naming it. Only what a run needs is required: `reference` and `compile_options_jax` are
+test data and ignored here. Mesh axes must be the roles data/model/expert (meshrun.export maps
+the user's names); any other axis is refused by name."""
 import json
 import os
 
-from meshrun.v1 import job_pb2, telemetry_pb2
+from google.protobuf import json_format
+
+from meshrun.v1 import bundle_pb2, job_pb2, telemetry_pb2
 
 ROLES = ("data", "model", "expert")
-_FAMILIES = {"dense": job_pb2.MODEL_FAMILY_DENSE, "moe": job_pb2.MODEL_FAMILY_MOE,
-             "mamba": job_pb2.MODEL_FAMILY_MAMBA}
+_FAMILIES = {"": job_pb2.MODEL_FAMILY_DENSE, "dense": job_pb2.MODEL_FAMILY_DENSE,
+             "moe": job_pb2.MODEL_FAMILY_MOE, "mamba": job_pb2.MODEL_FAMILY_MAMBA}
+_TABLES = ("block_mask", "data_next", "mask_next", "grid_width", "partial_masks")
+_SHARD_MAGIC = b"MRTOKSHD"
 
 
 class BundleError(ValueError):
     """A malformed bundle; the message names the file and field."""
 
 
-def _field(obj, key, where):
-    if key not in obj:
-        raise BundleError(f"{where}: missing field \"{key}\"")
-    return obj[key]
-
-
-def _tensors(entries, out, where):
-    for i, a in enumerate(entries):
-        t = out.add()
-        t.name = _field(a, "name", f"{where}[{i}]")
-        t.dtype = _field(a, "dtype", f"{where}[{i}]")
-        t.shape.extend(int(d) for d in _field(a, "shape", f"{where}[{i}]"))
-        t.sharding.extend(s or "" for s in a.get("sharding", []))
-        t.shard_shape.extend(int(d) for d in a.get("shard_shape", a["shape"]))
-
-
-def _program(spec, role, program, bundle_dir, where):
-    p = spec.programs.add()
-    p.role = role
-    path = os.path.join(bundle_dir, _field(program, "file", where))
-    if not os.path.exists(path):
-        raise BundleError(f"{where}.file: {path} does not exist")
-    with open(path, "rb") as f:
-        p.stablehlo = f.read()
-    _tensors(_field(program, "inputs", where), p.inputs, where + ".inputs")
-    _tensors(_field(program, "outputs", where), p.outputs, where + ".outputs")
-    p.donated_inputs.extend(program.get("donated_inputs", []))
+def _null_sharding_to_empty(obj):
+    """Today's bundles write an unsplit dimension as null in "sharding" lists; the typed schema
+    holds "" (proto3 JSON has no null list elements)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key == "sharding" and isinstance(value, list):
+                obj[key] = ["" if s is None else s for s in value]
+            else:
+                _null_sharding_to_empty(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            _null_sharding_to_empty(item)
 
 
 def mesh_roles(axes):
-    """Returns {role: size} for mesh axes; an axis that is not a role is an error naming it."""
+    """Returns the axes when each is a role; an axis that is not one is an error naming it."""
     for name in axes:
         if name not in ROLES:
             raise BundleError(
-                f"mesh axis \"{name}\" is not mapped to a role (data, model or expert); "
+                f"mesh.axes: axis \"{name}\" is not mapped to a role (data, model or expert); "
                 "export with meshrun.export(..., axis_roles={\"%s\": \"data\"}) or rename it"
                 % name)
     return axes
 
 
-def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas=0):
-    """bundle: a directory holding job.json, or the job.json path.
-    data: None keeps the bundle's own batches; "synthetic"; or a token shard glob."""
+def _check_program(path, field, program):
+    if not program.file:
+        raise BundleError(f"{path}: {field}.file is missing")
+    if program.format not in ("", "mlir"):
+        raise BundleError(f"{path}: {field}.format must be \"mlir\", got \"{program.format}\"")
+    for i in program.donated_inputs:
+        if not 0 <= i < len(program.inputs):
+            raise BundleError(f"{path}: {field}.donated_inputs holds {i}, but the program has "
+                              f"{len(program.inputs)} inputs")
+
+
+def read_bundle(bundle):
+    """bundle: a directory holding job.json, or the job.json path. Returns (JobBundle, path)."""
     path = os.path.join(bundle, "job.json") if os.path.isdir(bundle) else bundle
     if not os.path.exists(path):
         raise BundleError(f"{path} does not exist")
-    if steps < 1 or cadence < 1:
-        raise BundleError("steps and cadence must be >= 1")
-    bundle_dir = os.path.dirname(os.path.abspath(path))
     with open(path) as f:
         try:
             root = json.load(f)
         except json.JSONDecodeError as e:
             raise BundleError(f"{path} is not valid JSON: {e}") from None
-    spec = job_pb2.JobSpec()
-    spec.name = _field(root, "name", path)
-    family = root.get("model_family", "dense")
-    if family not in _FAMILIES:
-        raise BundleError(f"{path}: model_family \"{family}\" is not dense, moe or mamba")
-    spec.model_family = _FAMILIES[family]
-    programs = _field(root, "programs", path)
-    _program(spec, "init", _field(programs, "init", "programs"), bundle_dir, "programs.init")
-    init_outputs = len(programs["init"]["outputs"])
-    if "grad" in programs or "apply" in programs:
-        for role in ("grad", "apply"):
-            _program(spec, role, _field(programs, role, "programs"), bundle_dir, f"programs.{role}")
-        spec.grad_accumulation = int(_field(root, "grad_accumulation", path))
+    _null_sharding_to_empty(root)
+    try:
+        parsed = json_format.ParseDict(root, bundle_pb2.JobBundle())
+    except json_format.ParseError as e:
+        raise BundleError(f"{path} is not a JobBundle (proto/meshrun/v1/bundle.proto): {e}") \
+            from None
+    if not parsed.name:
+        raise BundleError(f"{path}: name is missing")
+    if not parsed.mesh.axes:
+        raise BundleError(f"{path}: mesh.axes is missing")
+    if len(parsed.mesh.shape) != len(parsed.mesh.axes):
+        raise BundleError(f"{path}: mesh.shape has {len(parsed.mesh.shape)} sizes for "
+                          f"{len(parsed.mesh.axes)} mesh.axes")
+    mesh_roles(parsed.mesh.axes)
+    if parsed.model_family not in _FAMILIES:
+        raise BundleError(f"{path}: model_family \"{parsed.model_family}\" is not dense, moe or "
+                          "mamba")
+    programs = parsed.programs
+    _check_program(path, "programs.init", programs.init)
+    if programs.grad.file or programs.apply.file:
+        _check_program(path, "programs.grad", programs.grad)
+        _check_program(path, "programs.apply", programs.apply)
+        if programs.step.file:
+            raise BundleError(f"{path}: programs.step is set beside grad and apply")
+        if parsed.grad_accumulation < 1:
+            raise BundleError(f"{path}: grad_accumulation must be >= 1 with grad and apply")
     else:
-        _program(spec, "step", _field(programs, "step", "programs"), bundle_dir, "programs.step")
-    spec.state_count = init_outputs
-    for i, t in enumerate(root.get("telemetry", [])):
-        d = spec.telemetry.add()
-        d.name = _field(t, "output", f"telemetry[{i}]")
-        combine = t.get("combine", "")
-        value = getattr(telemetry_pb2, "COMBINE_" + combine.upper(), None) if combine else None
-        if not value:
-            raise BundleError(f"telemetry[{i}].combine \"{combine}\" is not mean, max, min, "
-                              "sum or last")
-        d.combine = value
-        d.shape.extend(int(x) for x in t.get("shape", []))
-    if "sparse_attention" in root:
-        s = root["sparse_attention"]
-        sa = spec.sparse_attention
-        for key in ("seq_len", "window_left", "window_right", "block_q", "block_kv",
-                    "max_grid_width", "heads_per_plan"):
-            setattr(sa, key, int(s.get(key, 0)))
-        sa.causal = bool(s.get("causal", False))
-        sa.windowed = "window_left" in s or "window_right" in s
-        sa.doc_ids_input = s.get("doc_ids_input", "")
-        for table, name in s.get("table_inputs", {}).items():
+        _check_program(path, "programs.step", programs.step)
+    return parsed, path
+
+
+def is_array_file(path):
+    """Whether `path` is one existing file that is not a token shard (docs/data.md): an
+    array-batch file (meshrun.data.write_arrays)."""
+    if any(c in path for c in "*?[") or not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(_SHARD_MAGIC)) != _SHARD_MAGIC
+
+
+def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas=0):
+    """bundle: a directory holding job.json, or the job.json path.
+    data: None keeps the bundle's own batches; "synthetic"; an array-batch file
+    (meshrun.data.write_arrays: the step's batch inputs); or a token shard glob."""
+    if steps < 1 or cadence < 1:
+        raise BundleError("steps and cadence must be >= 1")
+    parsed, path = read_bundle(bundle)
+    bundle_dir = os.path.dirname(os.path.abspath(path))
+    spec = job_pb2.JobSpec(name=parsed.name, model_family=_FAMILIES[parsed.model_family])
+    mode_b = bool(parsed.programs.grad.file)
+    roles = ("init", "grad", "apply") if mode_b else ("init", "step")
+    for role in roles:
+        program = getattr(parsed.programs, role)
+        file = os.path.join(bundle_dir, program.file)
+        if not os.path.exists(file):
+            raise BundleError(f"{path}: programs.{role}.file names {file}, which does not exist")
+        with open(file, "rb") as f:
+            spec.programs.add(role=role, stablehlo=f.read(), inputs=program.inputs,
+                              outputs=program.outputs, donated_inputs=program.donated_inputs)
+    if mode_b:
+        spec.grad_accumulation = parsed.grad_accumulation
+    spec.state_count = len(parsed.programs.init.outputs)
+    for i, t in enumerate(parsed.telemetry):
+        combine = getattr(telemetry_pb2, "COMBINE_" + t.combine.upper(), 0) if t.combine else 0
+        if not combine:
+            raise BundleError(f"{path}: telemetry[{i}].combine \"{t.combine}\" is not mean, max, "
+                              "min, sum or last")
+        spec.telemetry.add(name=t.output, shape=t.shape, combine=combine, caption=t.caption)
+    if parsed.HasField("sparse_attention"):
+        s, sa = parsed.sparse_attention, spec.sparse_attention
+        for key in ("seq_len", "causal", "window_left", "window_right", "block_q", "block_kv",
+                    "max_grid_width", "heads_per_plan", "doc_ids_input"):
+            setattr(sa, key, getattr(s, key))
+        sa.windowed = s.HasField("window_left") or s.HasField("window_right")
+        for table, name in s.table_inputs.items():
+            if table not in _TABLES:
+                raise BundleError(f"{path}: sparse_attention.table_inputs.{table} is not one of "
+                                  f"{', '.join(_TABLES)}")
             setattr(sa, table + "_input", name)
     spec.telemetry_cadence = cadence
     spec.steps = steps
@@ -115,13 +155,14 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
         spec.data.example_bundle = os.path.abspath(path)
     elif data == "synthetic":
         spec.data.synthetic = True
+    elif is_array_file(os.fspath(data)):
+        spec.data.array_file = os.path.abspath(data)
     else:
         spec.data.token_shards_glob = os.path.abspath(data)
-    spec.data.seed = int(_field(root, "seed", path))
-    mesh = _field(root, "mesh", path)
-    sizes = dict(zip(mesh_roles(_field(mesh, "axes", "mesh")), _field(mesh, "shape", "mesh")))
+    spec.data.seed = parsed.seed
+    sizes = dict(zip(parsed.mesh.axes, parsed.mesh.shape))
     spec.mesh.data_parallel = int(sizes.get("data", 1))
     spec.mesh.tensor_parallel = int(sizes.get("model", 1))
     spec.mesh.expert_parallel = int(sizes.get("expert", 1))
-    spec.mesh.host_replicas = host_replicas or int(mesh.get("host_replicas", 0))
+    spec.mesh.host_replicas = host_replicas or parsed.mesh.host_replicas
     return spec

@@ -63,7 +63,8 @@ class Client:
     # ------------------------------------------------------------------ jobs
     def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0):
         """job: a bundle directory (or its job.json) or a meshrun.v1.job_pb2.JobSpec.
-        Returns the job id. data: None = the bundle's batches, "synthetic", or a shard glob."""
+        Returns the job id. data: None = the bundle's batches, "synthetic", an array-batch
+        file (meshrun.data.write_arrays: the step's batch inputs), or a token shard glob."""
         if isinstance(job, job_pb2.JobSpec):
             spec = job
         else:

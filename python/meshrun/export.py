@@ -1,4 +1,5 @@
-"""meshrun.export: a JAX training step as a meshrun bundle directory.
+"""meshrun.export: a JAX training step (compile mode A) or grad + apply (mode B) as a meshrun
+bundle directory.
 
     meshrun.export.export(out_dir, init=init, step=step, mesh=mesh,
                           state_shardings=..., batch_shardings=..., example_batch=batch,
@@ -94,22 +95,51 @@ def _entries(tree, shardings, mesh, roles, prefix):
     return out
 
 
-def export(out_dir, *, init, step, mesh, state_shardings, batch_shardings, example_batch,
+def _write_program(out_dir, file, jitted, args, platforms):
+    code, _ = _portable_artifact(jitted, args, platforms)
+    with open(os.path.join(out_dir, file), "wb") as f:
+        f.write(code)
+
+
+def _program(file, inputs, outputs, donated):
+    return {"file": file, "format": "mlir", "inputs": inputs, "outputs": outputs,
+            "donated_inputs": list(donated)}
+
+
+def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, example_batch,
            batches=None, data_file="data.bin", seed=0, axis_roles=None, combine=None,
            default_combine="mean", name="model", model_family="dense", platforms=None,
-           reference_steps=0):
+           reference_steps=0, grad=None, apply=None, init_accumulator=None,
+           accumulator_shardings=None, grad_accumulation=1, captions=None):
     """Writes the bundle; returns {"job": path to job.json, "reference_loss": [...]}.
+
+    Compile mode A: `step(state, batch) -> (state, metrics)`.
+    Compile mode B (instead of `step`): `grad(state, acc, batch) -> acc` runs on each of
+    `grad_accumulation` micro-batches, then `apply(state, acc) -> (state, acc, metrics)` once
+    (it must return the accumulator zeroed for the next step); `init_accumulator(state) -> acc`
+    gives the accumulator's structure (its zeros start each run) and `accumulator_shardings` its
+    shardings. `batches` are then micro-batches, grad_accumulation per step.
 
     state_shardings / batch_shardings: pytrees (matching the state and the batch) of
     PartitionSpec or NamedSharding on `mesh`. batches: the batches written to data.bin (default
-    [example_batch]); data_file=None writes none (the job then trains on --data shards).
+    [example_batch]); data_file=None writes none (the job then trains on --data).
     combine: {metric leaf name: "mean"|"max"|"min"|"sum"|"last"} over hosts, others
-    `default_combine`. reference_steps > 0 also runs JAX itself on the batches and writes
-    reference.json {"loss": [...]} (test data; meshrun does not need it)."""
+    `default_combine`. captions: {metric leaf name: "rows × columns" caption} for 2-D series
+    (the dashboard's heatmap). reference_steps > 0 also runs JAX itself on the batches and
+    writes reference.json {"loss": [...]} (test data; meshrun does not need it)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
+    mode_b = grad is not None or apply is not None
+    if mode_b == (step is not None):
+        raise ValueError("pass either step= (compile mode A) or grad= and apply= (mode B)")
+    if mode_b and (grad is None or apply is None or init_accumulator is None
+                   or accumulator_shardings is None):
+        raise ValueError("compile mode B needs grad=, apply=, init_accumulator= and "
+                         "accumulator_shardings=")
+    if grad_accumulation < 1:
+        raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
     roles = resolve_axis_roles(mesh.axis_names, axis_roles)
     ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
     if ids != list(range(len(ids))):
@@ -124,36 +154,68 @@ def export(out_dir, *, init, step, mesh, state_shardings, batch_shardings, examp
     seed_value = jnp.asarray(seed, jnp.uint32)
     state_shapes = jax.eval_shape(init, seed_value)
     batch0 = jax.tree.map(jnp.asarray, example_batch)
-    _, metric_shapes = jax.eval_shape(step, state_shapes, batch0)
+    if mode_b:
+        acc_shardings = to_named(accumulator_shardings)
+        acc_shapes = jax.eval_shape(init_accumulator, state_shapes)
+        _, _, metric_shapes = jax.eval_shape(apply, state_shapes, acc_shapes)
+    else:
+        _, metric_shapes = jax.eval_shape(step, state_shapes, batch0)
     if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
-        raise ValueError("step must return (state, metrics) with metrics a dict holding \"loss\"")
+        raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
+                         "\"loss\"")
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
     init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings)
-    step_jit = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
-                       out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
 
     os.makedirs(out_dir, exist_ok=True)
-    init_bc, _ = _portable_artifact(init_jit, (seed_value,), platforms)
-    step_bc, _ = _portable_artifact(step_jit, (state_shapes, batch0), platforms)
-    with open(os.path.join(out_dir, "init.mlirbc"), "wb") as f:
-        f.write(init_bc)
-    with open(os.path.join(out_dir, "step.mlirbc"), "wb") as f:
-        f.write(step_bc)
-
+    _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms)
     state_entries = _entries(state_shapes, state_shardings, mesh, roles, "state")
     batch_entries = _entries(batch0, batch_shardings, mesh, roles, "batch")
     metric_entries = _entries(metric_shapes, metric_shardings, mesh, roles, "metrics")
+    n_state = len(state_entries)
+    programs = {"init": {"file": "init.mlirbc", "format": "mlir",
+                         "inputs": [{"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
+                                     "shard_shape": []}],
+                         "outputs": state_entries}}
+    if mode_b:
+        # keep_unused: grad may read only part of the state; it still takes all of it.
+        grad_jit = jax.jit(grad, in_shardings=(state_shardings, acc_shardings, batch_shardings),
+                           out_shardings=acc_shardings, donate_argnums=(1,), keep_unused=True)
+        apply_jit = jax.jit(apply, in_shardings=(state_shardings, acc_shardings),
+                            out_shardings=(state_shardings, acc_shardings, metric_shardings),
+                            donate_argnums=(0, 1))
+        _write_program(out_dir, "grad.mlirbc", grad_jit, (state_shapes, acc_shapes, batch0),
+                       platforms)
+        _write_program(out_dir, "apply.mlirbc", apply_jit, (state_shapes, acc_shapes), platforms)
+        acc_entries = _entries(acc_shapes, acc_shardings, mesh, roles, "grad_acc")
+        n_acc = len(acc_entries)
+        programs["grad"] = _program("grad.mlirbc", state_entries + acc_entries + batch_entries,
+                                    acc_entries, range(n_state, n_state + n_acc))
+        programs["apply"] = _program("apply.mlirbc", state_entries + acc_entries,
+                                     state_entries + acc_entries + metric_entries,
+                                     range(n_state + n_acc))
+    else:
+        step_jit = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
+                           out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
+        _write_program(out_dir, "step.mlirbc", step_jit, (state_shapes, batch0), platforms)
+        programs["step"] = _program("step.mlirbc", state_entries + batch_entries,
+                                    state_entries + metric_entries, range(n_state))
+
     combine = dict(combine or {})
+    captions = dict(captions or {})
     telemetry = []
     for entry in metric_entries:
         series = entry["name"][len("metrics."):]
         how = combine.pop(series, default_combine)
         if how not in COMBINES:
             raise ValueError(f"combine[\"{series}\"] = \"{how}\" is not one of {COMBINES}")
-        telemetry.append({"name": series, "output": entry["name"], "shape": entry["shape"],
-                          "combine": how})
-    if combine:
-        raise ValueError(f"combine names {sorted(combine)}, which the metrics do not have")
+        declared = {"name": series, "output": entry["name"], "shape": entry["shape"],
+                    "combine": how}
+        if series in captions:
+            declared["caption"] = captions.pop(series)
+        telemetry.append(declared)
+    for what, left in (("combine", combine), ("captions", captions)):
+        if left:
+            raise ValueError(f"{what} names {sorted(left)}, which the metrics do not have")
     batches = [example_batch] if batches is None else list(batches)
     job = {
         "name": name,
@@ -161,29 +223,32 @@ def export(out_dir, *, init, step, mesh, state_shardings, batch_shardings, examp
         "mesh": {"axes": [roles[a] for a in mesh.axis_names],
                  "shape": [int(mesh.shape[a]) for a in mesh.axis_names],
                  "device_ids": ids, "user_axes": list(mesh.axis_names)},
-        "programs": {
-            "init": {"file": "init.mlirbc", "format": "mlir",
-                     "inputs": [{"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
-                                 "shard_shape": []}],
-                     "outputs": state_entries},
-            "step": {"file": "step.mlirbc", "format": "mlir",
-                     "inputs": state_entries + batch_entries,
-                     "outputs": state_entries + metric_entries,
-                     "donated_inputs": list(range(len(state_entries)))},
-        },
+        "programs": programs,
         "seed": int(seed),
         "telemetry": telemetry,
     }
+    if mode_b:
+        job["grad_accumulation"] = int(grad_accumulation)
     if data_file:
-        steps = write_arrays(os.path.join(out_dir, data_file), batches)
-        job["data"] = {"file": data_file, "steps": steps, "arrays": batch_entries}
+        if len(batches) % grad_accumulation:
+            raise ValueError(f"{len(batches)} micro-batches are not whole steps of "
+                             f"grad_accumulation={grad_accumulation}")
+        write_arrays(os.path.join(out_dir, data_file), batches)
+        job["data"] = {"file": data_file, "steps": len(batches) // grad_accumulation,
+                       "arrays": batch_entries}
     losses = []
     if reference_steps:
         state = init_jit(seed_value)
+        put = lambda i: jax.device_put(jax.tree.map(jnp.asarray, batches[i % len(batches)]),
+                                       batch_shardings)
         for i in range(reference_steps):
-            batch = jax.device_put(jax.tree.map(jnp.asarray, batches[i % len(batches)]),
-                                   batch_shardings)
-            state, metrics = step_jit(state, batch)
+            if mode_b:
+                acc = jax.device_put(init_accumulator(state), acc_shardings)
+                for m in range(grad_accumulation):
+                    acc = grad_jit(state, acc, put(i * grad_accumulation + m))
+                state, _, metrics = apply_jit(state, acc)
+            else:
+                state, metrics = step_jit(state, put(i))
             losses.append(float(np.float32(metrics["loss"])))
         job["reference"] = "reference.json"
         with open(os.path.join(out_dir, "reference.json"), "w") as f:

@@ -62,3 +62,28 @@ def batches(n, seed=1):
 
 def mesh(names=("rows", "cols")):
     return jax.make_mesh((2, 2), names, devices=jax.devices()[:4])
+
+
+# Compile mode B: gradients of GRAD_ACCUMULATION micro-batches summed by grad, applied once.
+GRAD_ACCUMULATION = 2
+ACC_SPECS = {"grads": STATE_SPECS["params"], "loss": P()}
+
+
+def init_accumulator(state):
+    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state["params"]),
+            "loss": jnp.zeros((), jnp.float32)}
+
+
+def grad(state, acc, batch):
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+    return {"grads": jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc["grads"], grads),
+            "loss": acc["loss"] + loss}
+
+
+def apply(state, acc):
+    grads = jax.tree.map(lambda g: g / GRAD_ACCUMULATION, acc["grads"])
+    params = jax.tree.map(lambda p, g: (p.astype(jnp.float32) - LR * g).astype(p.dtype),
+                          state["params"], grads)
+    grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+    return ({"params": params, "count": state["count"] + 1}, jax.tree.map(jnp.zeros_like, acc),
+            {"loss": acc["loss"] / GRAD_ACCUMULATION, "grad_norm": grad_norm})

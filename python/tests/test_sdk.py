@@ -54,7 +54,7 @@ def test_hand_written_axis_is_refused_by_client_and_cli(tmp_path, cluster):
     job = json.load(open(tmp_path / "job.json"))
     job["mesh"]["axes"] = ["rows", "model"]
     json.dump(job, open(tmp_path / "job.json", "w"))
-    with pytest.raises(meshrun.BundleError, match='mesh axis "rows" is not mapped'):
+    with pytest.raises(meshrun.BundleError, match='mesh.axes: axis "rows" is not mapped'):
         cluster.client.submit(str(tmp_path))
     result = cluster.cli("submit", str(tmp_path / "job.json"))
     assert result.returncode != 0 and '"rows" is not mapped' in result.stderr, result
@@ -100,6 +100,12 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
             (("metrics",), lambda m: {h["host"] for h in m["hosts"]} >= {"worker-0"})):
         result = cluster.cli("--output=json", *args)
         assert result.returncode == 0 and check(json.loads(result.stdout)), result
+    # meshrun get's readable summary.
+    text = cluster.cli("get", job_id).stdout
+    for expected_line in ("state:       SUCCEEDED", f"step:        {STEPS} of {STEPS}",
+                          "mesh:        data=2 x model=2 on worker-0 (4 devices)",
+                          "data:        the bundle's batches", "compile:     mode A"):
+        assert expected_line in text, text
 
 
 def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
@@ -142,3 +148,68 @@ def test_running_job_shows_its_current_step_and_cancels(tmp_path, cluster):
     assert listed.last_step >= manifest.last_step and listed.last_step % 5 == 0
     client.cancel(job_id)
     assert state_name(client.wait(job_id, timeout=60).state) == "JOB_STATE_CANCELLED"
+
+
+def train_through_client(cluster, bundle, steps, **submit):
+    """Submits `bundle` through meshrun.Client and returns its losses, one per step."""
+    client = cluster.client
+    job_id = client.submit(str(bundle), steps=steps, cadence=1, **submit)
+    # The job may wait for the worker (an earlier test's job); its history is read at the end.
+    manifest = client.wait(job_id, timeout=180)
+    assert meshrun.v1.job_pb2.JobState.Name(manifest.state) == "JOB_STATE_SUCCEEDED", (
+        str(manifest) + cluster.logs())
+    # The last summaries may reach the coordinator's history just after the job's end.
+    import time
+    deadline = time.monotonic() + 20
+    while True:
+        rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
+        if len(rows) == steps or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), (rows, cluster.logs())
+    return [r["value"] for r in rows], manifest
+
+
+def test_mode_b_grad_apply_trains_like_jax(tmp_path, cluster):
+    """Compile mode B from meshrun.export: grad on 2 micro-batches, then apply."""
+    micro = convnet.batches(STEPS * convnet.GRAD_ACCUMULATION)
+    out = meshrun.export.export(
+        str(tmp_path), init=convnet.init, grad=convnet.grad, apply=convnet.apply,
+        init_accumulator=convnet.init_accumulator, accumulator_shardings=convnet.ACC_SPECS,
+        grad_accumulation=convnet.GRAD_ACCUMULATION, mesh=convnet.mesh(),
+        state_shardings=convnet.STATE_SPECS, batch_shardings=convnet.BATCH_SPECS,
+        example_batch=micro[0], batches=micro, axis_roles={"rows": "data", "cols": "model"},
+        name="convnet-mode-b", reference_steps=STEPS)
+    job = json.load(open(tmp_path / "job.json"))
+    assert sorted(job["programs"]) == ["apply", "grad", "init"] and job["grad_accumulation"] == 2
+    got, manifest = train_through_client(cluster, tmp_path, STEPS)
+    assert manifest.compile_mode == "B"
+    np.testing.assert_allclose(got, out["reference_loss"], rtol=1e-5)
+
+
+def test_separate_array_file_trains_like_jax(tmp_path, cluster):
+    """--data with an array-batch file: the bundle holds no batches; the workers read them
+    memory-mapped from a file of their own, with a receipt, and train as JAX does."""
+    import hashlib
+    import grpc
+    import meshrun.data
+    bundle = tmp_path / "bundle"
+    export_convnet(str(bundle), data_file=None)
+    assert "data" not in json.load(open(bundle / "job.json"))
+    path = tmp_path / "train.arrays"
+    meshrun.data.write_arrays(str(path), convnet.batches(STEPS))
+    got, manifest = train_through_client(cluster, bundle, STEPS, data=str(path))
+    assert manifest.spec.data.array_file == str(path)
+    assert manifest.data_receipt.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    np.testing.assert_allclose(got, jax_losses(), rtol=1e-5)
+
+    result = cluster.cli("submit", str(bundle / "job.json"), f"--data={path}", "--steps=2",
+                         "--follow", "--wait=120s")
+    assert result.returncode == 0, result
+    assert "array batches " + str(path) in cluster.cli("get", result.stdout.split()[0]).stdout
+
+    bad = tmp_path / "bad.arrays"
+    bad.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.client.submit(str(bundle), data=str(bad))
+    assert "data.array_file" in refused.value.details(), refused.value.details()

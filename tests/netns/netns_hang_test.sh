@@ -30,7 +30,7 @@ pulser=$!
 pids+=($pulser)
 http_port=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
 flagged() {  # in `meshrun get` and in /metrics, while the throttling goes on
-  cli get "$job" >"$tmp/get.txt" && grep -q 'straggler_hosts: "host-b"' "$tmp/get.txt" &&
+  cli --output=textproto get "$job" >"$tmp/get.txt" && grep -q 'straggler_hosts: "host-b"' "$tmp/get.txt" &&
     netns_run cli curl -fsS "http://10.213.0.10:$http_port/metrics" >"$tmp/metrics.txt" &&
     grep "^meshrun_host_straggler{" "$tmp/metrics.txt" | grep "job_id=\"$job\"" \
       | grep -q "host=\"host-b\"} 1$"
@@ -51,9 +51,9 @@ sleep 2  # host-b catches up with host-a; the job steps normally again
 # 2. Hang.
 kill -STOP "${worker_pid[host-b]}"
 stopped_at=$(date +%s.%N)
-for _ in $(seq 300); do cli get "$job" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
+for _ in $(seq 300); do cli --output=textproto get "$job" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
 failed_at=$(date +%s.%N)
-cli get "$job" >"$tmp/hang.txt"
+cli --output=textproto get "$job" >"$tmp/hang.txt"
 grep -q "state: JOB_STATE_FAILED" "$tmp/hang.txt" || fail "not FAILED 30 s after host-b stopped"
 error=$(grep "^error" "$tmp/hang.txt")
 grep -q 'failed_host: "host-b"' "$tmp/hang.txt" || fail "failed_host is not host-b: $error"

@@ -125,13 +125,19 @@ function viridis(t) {
 }
 
 class Heatmap {
-  constructor(title, shape) {
+  // caption: what the rows and columns are, from the job's telemetry declaration (e.g.
+  // "layer × head"); without one, "rows × columns".
+  constructor(title, shape, caption) {
     this.rows = shape.length >= 2 ? shape[0] : 1;
     this.cols = shape.length >= 2 ? shape.slice(1).reduce((a, b) => a * b, 1) : shape[0] || 1;
     this.points = 0;
     this.box = el('div', { class: 'chart heatmap', 'data-series': title, 'data-points': '0' });
     this.caption = el('span', { class: 'chart-latest' });
-    this.box.append(el('div', { class: 'chart-title' }, `${title} (layer × head)`, this.caption));
+    const axes = (caption || 'row × column').split('×').map((a) => a.trim());
+    this.rowLabel = axes[0] || 'row';
+    this.colLabel = axes[1] || 'column';
+    this.box.append(el('div', { class: 'chart-title' },
+      `${title} (${caption || 'rows × columns'})`, this.caption));
     this.canvas = el('canvas');
     this.waiting = el('div', { class: 'waiting' }, 'waiting for the first summary…');
     this.box.append(this.waiting, this.canvas);
@@ -170,7 +176,7 @@ class Heatmap {
       g.fillStyle = '#64748b';
       g.textAlign = 'right';
       g.textBaseline = 'middle';
-      g.fillText(this.rows > 1 ? `layer ${r}` : '', left - 6, top + cell * (r + 0.5));
+      g.fillText(this.rows > 1 ? `${this.rowLabel} ${r}` : '', left - 6, top + cell * (r + 0.5));
       for (let c = 0; c < this.cols; c++) {
         const v = this.values[r * this.cols + c];
         const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
@@ -187,7 +193,9 @@ class Heatmap {
     g.fillStyle = '#64748b';
     g.textAlign = 'center';
     g.textBaseline = 'bottom';
-    for (let c = 0; c < this.cols; c++) g.fillText(`h${c}`, left + (c + 0.5) * cell, top - 4);
+    for (let c = 0; c < this.cols; c++) {
+      g.fillText(`${this.colLabel.slice(0, 1)}${c}`, left + (c + 0.5) * cell, top - 4);
+    }
     // Colour scale beside the grid.
     const scaleX = left + gridWidth + 16;
     if (scaleX + 70 < width) {
@@ -229,7 +237,8 @@ async function selectJob(jobId) {
   for (const series of declared) {
     const shape = (series.shape || []).map(Number);
     const size = shape.reduce((a, b) => a * b, 1);
-    const chart = size > 1 ? new Heatmap(series.name, shape) : new LineChart(series.name, [series.name]);
+    const chart = size > 1 ? new Heatmap(series.name, shape, series.caption)
+      : new LineChart(series.name, [series.name]);
     charts.set(series.name, chart);
   }
   charts.set('step_time', new LineChart('step time', ['step time'], 's'));
@@ -331,7 +340,10 @@ function renderJobs() {
   const body = $('#jobs tbody');
   const rows = [...jobsById.values()].reverse().map((job) => {
     const state = short(job.state, 'JOB_STATE_');
-    const mesh = meshText(job.mesh);
+    let mesh = meshText(job.mesh);
+    // Host replicas: each host runs the whole mesh on its own devices.
+    const replicas = job.mesh?.replica_hosts || [];
+    if (replicas.length > 1) mesh = `${replicas.length} hosts × (${mesh})`;
     const slow = job.state === 'JOB_STATE_RUNNING' ? (job.straggler_hosts || []) : [];
     const step = job.job_id === selectedJob
       ? Math.max(Number(job.last_step), latestStep) : job.last_step;

@@ -1,11 +1,9 @@
 #include "worker/runtime/example_job.h"
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "client/job_bundle.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
@@ -15,131 +13,48 @@
 namespace meshrun::runtime {
 namespace {
 
-using google::protobuf::ListValue;
-using google::protobuf::Struct;
-using google::protobuf::Value;
-
-// A bundle's files are read whole, so only regular files of a bounded size are (never a device
-// such as /dev/zero, a FIFO, or a file past the cap: docs/limits.md).
-constexpr int64_t kMaxBundleFileBytes = int64_t{2} << 30;
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::error_code error;
-  const auto status = std::filesystem::status(path, error);
-  if (error || !std::filesystem::exists(status)) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
-  const auto size = std::filesystem::file_size(path, error);
-  if (error || static_cast<int64_t>(size) > kMaxBundleFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " has ", size, " bytes; a bundle file ",
-                                                   "may have at most ", kMaxBundleFileBytes));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
-absl::StatusOr<Struct> ReadJson(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  Struct out;
-  auto status = google::protobuf::util::JsonStringToMessage(text, &out);
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", status.ToString()));
-  }
-  return out;
-}
-
-absl::StatusOr<const Value*> Field(const Struct& s, const std::string& name) {
-  auto it = s.fields().find(name);
-  if (it == s.fields().end()) return absl::InvalidArgumentError("missing field '" + name + "'");
-  return &it->second;
-}
-
-absl::StatusOr<const Struct*> Object(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const Value* v, Field(s, name));
-  if (!v->has_struct_value()) return absl::InvalidArgumentError("'" + name + "' is not an object");
-  return &v->struct_value();
-}
-
-absl::StatusOr<const ListValue*> List(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const Value* v, Field(s, name));
-  if (!v->has_list_value()) return absl::InvalidArgumentError("'" + name + "' is not a list");
-  return &v->list_value();
-}
-
-absl::StatusOr<std::string> String(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const Value* v, Field(s, name));
-  if (v->kind_case() != Value::kStringValue) {
-    return absl::InvalidArgumentError("'" + name + "' is not a string");
-  }
-  return v->string_value();
-}
-
-absl::StatusOr<double> Number(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const Value* v, Field(s, name));
-  if (v->kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError("'" + name + "' is not a number");
-  }
-  return v->number_value();
-}
-
-template <typename T>
-absl::StatusOr<std::vector<T>> Numbers(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const ListValue* list, List(s, name));
-  std::vector<T> out;
-  for (const Value& v : list->values()) out.push_back(static_cast<T>(v.number_value()));
-  return out;
-}
-
-absl::StatusOr<std::vector<std::string>> Strings(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const ListValue* list, List(s, name));
-  std::vector<std::string> out;
-  for (const Value& v : list->values()) {
-    out.push_back(v.kind_case() == Value::kStringValue ? v.string_value() : "");
-  }
-  return out;
-}
-
-absl::StatusOr<ExampleArray> ParseArray(const Struct& s) {
+absl::StatusOr<ExampleArray> ConvertArray(const v1::TensorSpec& t) {
   ExampleArray out;
-  ASSIGN_OR_RETURN(out.global.name, String(s, "name"));
-  ASSIGN_OR_RETURN(std::string dtype, String(s, "dtype"));
-  ASSIGN_OR_RETURN(out.global.shape.dtype, ParseDType(dtype));
-  ASSIGN_OR_RETURN(out.global.shape.dims, Numbers<int64_t>(s, "shape"));
-  ASSIGN_OR_RETURN(out.sharding, Strings(s, "sharding"));
+  out.global.name = t.name();
+  ASSIGN_OR_RETURN(out.global.shape.dtype, ParseDType(t.dtype()));
+  out.global.shape.dims.assign(t.shape().begin(), t.shape().end());
+  out.sharding.assign(t.sharding().begin(), t.sharding().end());
   out.shard.dtype = out.global.shape.dtype;
-  ASSIGN_OR_RETURN(out.shard.dims, Numbers<int64_t>(s, "shard_shape"));
+  out.shard.dims.assign(t.shard_shape().begin(), t.shard_shape().end());
   return out;
 }
 
-absl::StatusOr<std::vector<ExampleArray>> ParseArrays(const Struct& s, const std::string& name) {
-  ASSIGN_OR_RETURN(const ListValue* list, List(s, name));
+absl::StatusOr<std::vector<ExampleArray>> ConvertArrays(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& list) {
   std::vector<ExampleArray> out;
-  for (const Value& v : list->values()) {
-    ASSIGN_OR_RETURN(ExampleArray a, ParseArray(v.struct_value()));
+  for (const v1::TensorSpec& t : list) {
+    ASSIGN_OR_RETURN(ExampleArray a, ConvertArray(t));
     out.push_back(std::move(a));
   }
   return out;
 }
 
-absl::StatusOr<ExampleProgram> ParseProgram(const Struct& s, const std::string& dir) {
+absl::StatusOr<ExampleProgram> ConvertProgram(const std::string& job_json_path,
+                                              const v1::BundleProgram& p, const std::string& role) {
   ExampleProgram out;
-  ASSIGN_OR_RETURN(std::string file, String(s, "file"));
-  ASSIGN_OR_RETURN(out.code, ReadFile(dir + "/" + file));
-  ASSIGN_OR_RETURN(out.inputs, ParseArrays(s, "inputs"));
-  ASSIGN_OR_RETURN(out.outputs, ParseArrays(s, "outputs"));
-  if (s.fields().contains("donated_inputs")) {
-    ASSIGN_OR_RETURN(out.donated_inputs, Numbers<int>(s, "donated_inputs"));
+  ASSIGN_OR_RETURN(out.code, client::ReadBundleFile(job_json_path, p.file(),
+                                                    "programs." + role + ".file"));
+  ASSIGN_OR_RETURN(out.inputs, ConvertArrays(p.inputs()));
+  ASSIGN_OR_RETURN(out.outputs, ConvertArrays(p.outputs()));
+  out.donated_inputs.assign(p.donated_inputs().begin(), p.donated_inputs().end());
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> ReferenceSeries(const google::protobuf::Struct& reference,
+                                                   const std::string& name) {
+  std::vector<float> out;
+  auto it = reference.fields().find(name);
+  if (it == reference.fields().end()) return out;
+  if (!it->second.has_list_value()) {
+    return absl::InvalidArgumentError("reference '" + name + "' is not a list");
+  }
+  for (const auto& v : it->second.list_value().values()) {
+    out.push_back(static_cast<float>(v.number_value()));
   }
   return out;
 }
@@ -162,34 +77,23 @@ int ExampleJob::OutputIndex(const std::string& name) const {
 }
 
 absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
-  const std::string dir = DirOf(job_json_path);
-  ASSIGN_OR_RETURN(Struct root, ReadJson(job_json_path));
+  // The bundle itself through the product reader; the test fixtures are this loader's extras.
+  ASSIGN_OR_RETURN(v1::JobBundle bundle, client::ReadJobBundle(job_json_path));
   ExampleJob job;
-  ASSIGN_OR_RETURN(job.name, String(root, "name"));
-  ASSIGN_OR_RETURN(const Struct* mesh, Object(root, "mesh"));
-  ASSIGN_OR_RETURN(job.mesh_axes, Strings(*mesh, "axes"));
-  ASSIGN_OR_RETURN(job.mesh_shape, Numbers<int64_t>(*mesh, "shape"));
-  ASSIGN_OR_RETURN(job.device_ids, Numbers<int64_t>(*mesh, "device_ids"));
-  ASSIGN_OR_RETURN(const Struct* programs, Object(root, "programs"));
-  ASSIGN_OR_RETURN(const Struct* init, Object(*programs, "init"));
-  ASSIGN_OR_RETURN(job.init, ParseProgram(*init, dir));
-  if (programs->fields().contains("grad") || programs->fields().contains("apply")) {
-    // Compile mode B: grad micro-steps, then apply.
-    ASSIGN_OR_RETURN(const Struct* grad, Object(*programs, "grad"));
-    ASSIGN_OR_RETURN(job.grad, ParseProgram(*grad, dir));
-    ASSIGN_OR_RETURN(const Struct* apply, Object(*programs, "apply"));
-    ASSIGN_OR_RETURN(job.apply, ParseProgram(*apply, dir));
-    ASSIGN_OR_RETURN(double micro_steps, Number(root, "grad_accumulation"));
-    job.grad_accumulation = static_cast<int>(micro_steps);
-    if (job.grad_accumulation < 1) {
-      return absl::InvalidArgumentError("grad_accumulation must be >= 1");
-    }
+  job.name = bundle.name();
+  job.mesh_axes.assign(bundle.mesh().axes().begin(), bundle.mesh().axes().end());
+  job.mesh_shape.assign(bundle.mesh().shape().begin(), bundle.mesh().shape().end());
+  job.device_ids.assign(bundle.mesh().device_ids().begin(), bundle.mesh().device_ids().end());
+  const v1::BundlePrograms& programs = bundle.programs();
+  ASSIGN_OR_RETURN(job.init, ConvertProgram(job_json_path, programs.init(), "init"));
+  if (!programs.grad().file().empty()) {  // compile mode B: grad micro-steps, then apply
+    ASSIGN_OR_RETURN(job.grad, ConvertProgram(job_json_path, programs.grad(), "grad"));
+    ASSIGN_OR_RETURN(job.apply, ConvertProgram(job_json_path, programs.apply(), "apply"));
+    job.grad_accumulation = bundle.grad_accumulation();
   } else {
-    ASSIGN_OR_RETURN(const Struct* step, Object(*programs, "step"));
-    ASSIGN_OR_RETURN(job.step, ParseProgram(*step, dir));
+    ASSIGN_OR_RETURN(job.step, ConvertProgram(job_json_path, programs.step(), "step"));
   }
-  ASSIGN_OR_RETURN(double seed, Number(root, "seed"));
-  job.seed = static_cast<uint32_t>(seed);
+  job.seed = bundle.seed();
   job.num_state = static_cast<int>(job.init.outputs.size());
   job.loss_output = job.OutputIndex("metrics.loss");
   if (job.loss_output < 0) {
@@ -197,21 +101,21 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
         absl::StrCat(job.mode_b() ? "apply" : "step", " has no output metrics.loss"));
   }
 
-  // The bundle's own batches; absent when the job trains on token shards (--data).
-  if (root.fields().contains("data")) {
-    ASSIGN_OR_RETURN(const Struct* data, Object(root, "data"));
-    ASSIGN_OR_RETURN(job.data_arrays, ParseArrays(*data, "arrays"));
-    ASSIGN_OR_RETURN(std::string data_file, String(*data, "file"));
-    ASSIGN_OR_RETURN(double steps, Number(*data, "steps"));
-    ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + data_file));
+  // The bundle's own batches; absent when the job trains on --data.
+  if (bundle.has_data()) {
+    ASSIGN_OR_RETURN(job.data_arrays, ConvertArrays(bundle.data().arrays()));
+    ASSIGN_OR_RETURN(std::string bytes,
+                     client::ReadBundleFile(job_json_path, bundle.data().file(), "data.file"));
+    const int64_t steps = bundle.data().steps();
     size_t offset = 0;
-    for (int s = 0; s < static_cast<int>(steps) * job.grad_accumulation; ++s) {
+    for (int64_t s = 0; s < steps * job.grad_accumulation; ++s) {
       std::vector<HostArray> batch;
       for (const ExampleArray& a : job.data_arrays) {
         const size_t size = static_cast<size_t>(a.global.shape.ByteSize());
         if (offset + size > bytes.size()) {
-          return absl::InvalidArgumentError(absl::StrCat(data_file, " is too short for ", steps,
-                                                         " steps"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              job_json_path, ": data.file ", bundle.data().file(), " is too short for data.steps ",
+              steps));
         }
         batch.push_back({a.global.shape, bytes.substr(offset, size)});
         offset += size;
@@ -222,17 +126,21 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
 
   // Test fixtures, optional: a bundle needs only what a run needs (meshrun.export writes
   // neither unless asked). When present they are read whole.
-  if (root.fields().contains("reference")) {
-    ASSIGN_OR_RETURN(std::string reference_file, String(root, "reference"));
-    ASSIGN_OR_RETURN(Struct reference, ReadJson(dir + "/" + reference_file));
-    ASSIGN_OR_RETURN(job.reference_loss, Numbers<float>(reference, "loss"));
-    if (reference.fields().contains("grad_norm")) {
-      ASSIGN_OR_RETURN(job.reference_grad_norm, Numbers<float>(reference, "grad_norm"));
+  if (!bundle.reference().empty()) {
+    ASSIGN_OR_RETURN(std::string text,
+                     client::ReadBundleFile(job_json_path, bundle.reference(), "reference"));
+    google::protobuf::Struct reference;
+    if (!google::protobuf::util::JsonStringToMessage(text, &reference).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(job_json_path, ": reference ", bundle.reference(), " is not JSON"));
     }
+    ASSIGN_OR_RETURN(job.reference_loss, ReferenceSeries(reference, "loss"));
+    ASSIGN_OR_RETURN(job.reference_grad_norm, ReferenceSeries(reference, "grad_norm"));
   }
-  if (root.fields().contains("compile_options_jax")) {
-    ASSIGN_OR_RETURN(std::string options_file, String(root, "compile_options_jax"));
-    ASSIGN_OR_RETURN(job.jax_compile_options, ReadFile(dir + "/" + options_file));
+  if (!bundle.compile_options_jax().empty()) {
+    ASSIGN_OR_RETURN(job.jax_compile_options,
+                     client::ReadBundleFile(job_json_path, bundle.compile_options_jax(),
+                                            "compile_options_jax"));
   }
   return job;
 }

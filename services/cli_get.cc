@@ -1,0 +1,143 @@
+#include "services/cli_get.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+
+namespace meshrun::services {
+namespace {
+
+std::string Time(int64_t unix_micros) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f B", bytes) : absl::StrFormat("%.1f %s", bytes, units[u]);
+}
+
+void Line(std::string& out, const std::string& field, const std::string& value) {
+  absl::StrAppendFormat(&out, "%-12s %s\n", field + ":", value);
+}
+
+std::string Mesh(const v1::JobManifest& job) {
+  const v1::MeshAssignment& mesh = job.mesh();
+  std::vector<std::string> axes;
+  for (int i = 0; i < mesh.axis_names_size() && i < mesh.shape_size(); ++i) {
+    axes.push_back(absl::StrCat(mesh.axis_names(i), "=", mesh.shape(i)));
+  }
+  std::string text = axes.empty() ? "not assigned yet" : absl::StrJoin(axes, " x ");
+  if (mesh.replica_hosts_size() > 1) {
+    absl::StrAppend(&text, ", as ", mesh.replica_hosts_size(), " host replicas (",
+                    absl::StrJoin(mesh.replica_hosts(), ", "), "), each ",
+                    mesh.device_ids_size(), " devices");
+  } else if (mesh.device_hosts_size() > 0) {
+    std::vector<std::string> hosts;  // in device order, each once
+    for (const std::string& h : mesh.device_hosts()) {
+      if (hosts.empty() || hosts.back() != h) hosts.push_back(h);
+    }
+    absl::StrAppend(&text, " on ", absl::StrJoin(hosts, ", "), " (", mesh.device_ids_size(),
+                    " devices)");
+  }
+  return text;
+}
+
+std::string Data(const v1::JobManifest& job) {
+  const v1::DataSource& data = job.spec().data();
+  const v1::DataReceipt& receipt = job.data_receipt();
+  std::string text;
+  switch (data.source_case()) {
+    case v1::DataSource::kTokenShardsGlob: text = "token shards " + data.token_shards_glob(); break;
+    case v1::DataSource::kSynthetic: text = "SYNTHETIC tokens (not a real-data run)"; break;
+    case v1::DataSource::kExampleBundle: text = "the bundle's batches " + data.example_bundle(); break;
+    case v1::DataSource::kArrayFile: text = "array batches " + data.array_file(); break;
+    default: text = "none"; break;
+  }
+  if (receipt.files_size() > 0 || receipt.tokens() > 0) {
+    absl::StrAppend(&text, "\n             receipt: ", receipt.files_size(), " files, ",
+                    Bytes(static_cast<double>(receipt.bytes())));
+    if (receipt.tokens() > 0) {
+      absl::StrAppend(&text, ", ", receipt.tokens(), " tokens, ", receipt.documents(),
+                      " documents");
+    }
+    if (!receipt.sha256().empty()) absl::StrAppend(&text, ", sha256 ", receipt.sha256());
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string JobSummaryText(const v1::JobManifest& job) {
+  std::string out;
+  Line(out, "job", absl::StrCat(job.job_id(), "  ", job.spec().name()));
+  std::string state = v1::JobState_Name(job.state());
+  if (state.rfind("JOB_STATE_", 0) == 0) state = state.substr(std::strlen("JOB_STATE_"));
+  Line(out, "state", state);
+  if (!job.error().empty()) {
+    Line(out, "error", job.failed_host().empty() ? job.error()
+                                                 : job.failed_host() + ": " + job.error());
+  }
+  Line(out, "step", absl::StrCat(job.last_step(), " of ", job.spec().steps(),
+                                 job.restored_step() > 0
+                                     ? absl::StrCat(" (resumed from step ", job.restored_step(), ")")
+                                     : ""));
+  if (job.created_unix_micros() > 0) {
+    std::string times = "created " + Time(job.created_unix_micros());
+    if (job.finished_unix_micros() > 0) {
+      absl::StrAppend(&times, ", finished ", Time(job.finished_unix_micros()), " (",
+                      absl::FormatDuration(absl::Microseconds(job.finished_unix_micros() -
+                                                              job.created_unix_micros())),
+                      ")");
+    }
+    Line(out, "time", times);
+  }
+  Line(out, "mesh", Mesh(job));
+  if (!job.runtime().platform_name().empty()) {
+    Line(out, "runtime", absl::StrCat(job.runtime().platform_name(), " ",
+                                      job.runtime().platform_version(), ", PJRT API ",
+                                      job.runtime().pjrt_api_major(), ".",
+                                      job.runtime().pjrt_api_minor()));
+  }
+  if (!job.compile_mode().empty()) {
+    std::string compile = absl::StrCat("mode ", job.compile_mode());
+    if (job.cache_hit()) {
+      absl::StrAppend(&compile, ", cache hit");
+    } else {
+      absl::StrAppendFormat(&compile, ", compiled in %.2f s", job.compile_seconds());
+      if (!job.compiled_on().empty()) absl::StrAppend(&compile, " on ", job.compiled_on());
+    }
+    if (job.executable_bytes_sent() > 0) {
+      absl::StrAppend(&compile, ", ", Bytes(static_cast<double>(job.executable_bytes_sent())),
+                      " of executables sent");
+    }
+    Line(out, "compile", compile);
+  }
+  Line(out, "data", Data(job));
+  if (job.goodput().wall_seconds() > 0) {
+    Line(out, "goodput", absl::StrFormat("%.1f%% of %.1f s", 100 * job.goodput().ratio(),
+                                         job.goodput().wall_seconds()));
+  }
+  if (job.checkpoints_size() > 0) {
+    const v1::CheckpointRecord& last = job.checkpoints(job.checkpoints_size() - 1);
+    Line(out, "checkpoints",
+         absl::StrCat(job.checkpoints_size(), ", last at step ", last.step(),
+                      last.committed() ? " (committed) " : " (not committed) ", last.path(),
+                      last.error().empty() ? "" : ": " + last.error()));
+  }
+  if (job.attempts_size() > 0) Line(out, "restarts", absl::StrCat(job.attempts_size()));
+  if (job.straggler_hosts_size() > 0) {
+    Line(out, "stragglers", absl::StrJoin(job.straggler_hosts(), ", "));
+  }
+  return out;
+}
+
+}  // namespace meshrun::services
