@@ -43,9 +43,17 @@ JobLauncher::~JobLauncher() { launches_.JoinAll(); }
 
 void JobLauncher::Launch(const std::string& job_id) {
   launches_.Run([this, job_id] {
+    absl::StatusOr<v1::JobManifest> before = config_.jobs->Get(job_id);
     absl::Status status = RunLaunch(job_id);
     if (!status.ok()) {
       absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
+      if (job.ok() && before.ok() && job->attempts_size() != before->attempts_size()) {
+        // A worker of this run failed (its restore, say) while it was being launched, and the
+        // job restarted: this launch is over, the next run's is under way.
+        spdlog::info("job {}: launch of run {} abandoned: {}", job_id,
+                     before->attempts_size() + 1, status.ToString());
+        return;
+      }
       Fail(job_id, job.ok() ? job->failed_host() : "", std::string(status.message()))
           .IgnoreError();  // the job already ended (cancelled meanwhile)
     }
@@ -407,6 +415,7 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
         host = gone;
       } else if (report.restore_failed()) {
         MarkUnrestorable(job, error);
+        return Fail(report.job_id(), host, error, /*host_at_fault=*/false);
       }
       return Fail(report.job_id(), host, error);
     }
@@ -472,8 +481,8 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
 }
 
 absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& host,
-                               const std::string& error) {
-  if (MaybeRestart(job_id, host, error)) return absl::OkStatus();
+                               const std::string& error, bool host_at_fault) {
+  if (MaybeRestart(job_id, host, error, host_at_fault)) return absl::OkStatus();
   RETURN_IF_ERROR(config_.jobs->Fail(job_id, host, error));
   spdlog::warn("job {} FAILED: {}", job_id, error);
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));

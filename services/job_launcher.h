@@ -101,7 +101,10 @@ class JobLauncher {
   // Fails an unfinished job naming `host` and `error`, stops its workers and ends its
   // telemetry; unless the job can restart (docs/checkpoints.md: a checkpoint policy, a
   // committed checkpoint, restarts left), which it then does. Errors: as JobTable::Fail.
-  absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
+  // `host_at_fault` false: the host only reported the failure (its checkpoint did not restore),
+  // so a restart may use it again.
+  absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error,
+                    bool host_at_fault = true);
 
  private:
   absl::Status RunLaunch(const std::string& job_id);
@@ -136,7 +139,7 @@ class JobLauncher {
   // (CheckpointRecord.restore_error), so that recovery falls back to an older one.
   void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
-                    const std::string& cause);
+                    const std::string& cause, bool host_at_fault = true);
   // Called once a job reached a final state: its telemetry ends after what is pending.
   void Finished(const std::string& job_id);
   struct Peer {  // one channel per worker address, shared by its stub and the transfers

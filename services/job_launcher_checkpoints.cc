@@ -70,7 +70,7 @@ void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string
 }
 
 bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& host,
-                               const std::string& cause) {
+                               const std::string& cause, bool host_at_fault) {
   absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
   if (!job.ok() || coordinator::IsFinal(job->state()) || !job->spec().has_checkpoint()) {
     return false;
@@ -98,7 +98,7 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
     return false;
   }
   if (auto member = job->host_incarnations().find(host);
-      member != job->host_incarnations().end()) {
+      host_at_fault && member != job->host_incarnations().end()) {
     absl::MutexLock lock(&mu_);
     failed_member_[job_id] = {host, member->second};
   }
