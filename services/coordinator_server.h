@@ -31,6 +31,9 @@
 
 namespace meshrun::services {
 
+// A manifest as clients and the history see it: without the program bytes that were submitted.
+v1::JobManifest WithoutPrograms(v1::JobManifest job);
+
 // Maps Coordinator RPCs onto the logic classes; no gRPC types beyond the messages.
 // Thread-safety: safe to call concurrently.
 class CoordinatorRpcHandler {

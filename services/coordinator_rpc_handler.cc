@@ -1,0 +1,296 @@
+// CoordinatorRpcHandler: the coordinator's unary RPCs (workers, jobs, metrics, key-value store,
+// barriers), independent of gRPC's streaming reactors, which stay in coordinator_server.cc.
+#include "services/coordinator_server.h"
+
+#include <spdlog/spdlog.h>
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/background_tasks.h"
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "common/status_macros.h"
+#include "coordinator/goodput.h"
+#include "coordinator/job_validation.h"
+#include "coordinator/mesh_planner.h"
+#include "services/runtime_setup.h"
+#include "services/proto_convert.h"
+#include "services/server_support.h"
+#include "services/unary_reactor.h"
+
+namespace meshrun::services {
+
+absl::Status CoordinatorRpcHandler::GetSupportedVersions(const v1::GetSupportedVersionsRequest&,
+                                                         v1::SupportedVersions* response) {
+  response->set_min_version(kProtocolMinVersion);
+  response->set_max_version(kProtocolMaxVersion);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::RegisterWorker(const v1::RegisterWorkerRequest& request,
+                                                   v1::RegisterWorkerResponse* response) {
+  if (!request.has_registration()) {
+    return absl::InvalidArgumentError("registration is missing");
+  }
+  RETURN_IF_ERROR(CheckProtocolVersion(request.registration().protocol().version()));
+  if (draining_) return absl::UnavailableError("coordinator is draining; register elsewhere");
+  coordinator::WorkerInfo info = FromProto(request.registration());
+  RETURN_IF_ERROR(registry_->Register(info));
+  spdlog::info("worker {} registered (incarnation {}, address {}, runtime {}, {} devices)",
+               info.host, info.incarnation, info.address, runtime::ToString(info.runtime),
+               info.devices.size());
+  // Heartbeats carry job progress: with hang detection on, 4 reports per hang timeout.
+  absl::Duration interval = registry_->heartbeat_interval();
+  if (launcher_->hang_timeout() > absl::ZeroDuration()) {
+    interval = std::min(interval, launcher_->hang_timeout() / 4);
+  }
+  response->set_heartbeat_interval_millis(absl::ToInt64Milliseconds(interval));
+  response->set_heartbeat_timeout_millis(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::Heartbeat(const v1::HeartbeatRequest& request,
+                                              v1::HeartbeatResponse*) {
+  if (request.host().empty()) return absl::InvalidArgumentError("host is empty");
+  RETURN_IF_ERROR(registry_->Heartbeat(request.host(), request.incarnation()));
+  if (!request.job_id().empty()) {
+    launcher_->ReportProgress(request.host(), request.job_id(), request.last_completed_step(),
+                              request.phase());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::DeregisterWorker(const v1::DeregisterWorkerRequest& request,
+                                                     v1::DeregisterWorkerResponse*) {
+  if (request.host().empty()) return absl::InvalidArgumentError("host is empty");
+  RETURN_IF_ERROR(registry_->Deregister(request.host(), request.incarnation()));
+  spdlog::info("worker {} left (incarnation {})", request.host(), request.incarnation());
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest& request,
+                                                v1::ListWorkersResponse* response) {
+  runtime::RuntimeIdentity pin;
+  if (!request.job_id().empty()) {
+    ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
+    pin = FromProto(job.has_runtime() ? job.runtime() : job.spec().runtime_pin());
+  }
+  const std::vector<coordinator::WorkerEntry> entries = registry_->List();
+  std::vector<coordinator::WorkerInfo> alive;
+  for (const coordinator::WorkerEntry& entry : entries) {
+    if (entry.state == coordinator::WorkerState::kAlive) alive.push_back(entry.info);
+  }
+  std::map<std::string, std::string> excluded;  // host -> why the pin leaves it out
+  for (const coordinator::HostExclusion& e : coordinator::PinRuntime(alive, pin).excluded) {
+    excluded[e.host] = e.reason;
+  }
+  for (const coordinator::WorkerEntry& entry : entries) {
+    v1::WorkerStatus* status = response->add_workers();
+    *status->mutable_registration() = ToProto(entry.info);
+    status->set_state(ToProto(entry.state));
+    status->set_last_heartbeat_unix_micros(absl::ToUnixMicros(entry.last_heartbeat));
+    status->set_state_reason(entry.state_reason);
+    auto reason = excluded.find(entry.info.host);
+    if (reason != excluded.end()) status->set_exclusion_reason(reason->second);
+  }
+  return absl::OkStatus();
+}
+
+v1::JobManifest WithoutPrograms(v1::JobManifest job) {
+  for (v1::Program& program : *job.mutable_spec()->mutable_programs()) {
+    program.clear_stablehlo();
+  }
+  return job;
+}
+
+absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& request,
+                                              v1::SubmitJobResponse* response) {
+  if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
+  RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
+  ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
+  ASSIGN_OR_RETURN(const int64_t restored_step, coordinator::RestoredStep(request.spec()));
+  response->set_job_id(jobs_->Add(request.spec()));
+  RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
+    *m.mutable_data_receipt() = std::move(receipt);
+    m.set_restored_step(restored_step);
+  }));
+  if (!request.spec().telemetry().empty()) {
+    RETURN_IF_ERROR(telemetry_->DeclareJob(response->job_id(), request.spec()));
+  }
+  spdlog::info("job {} ({}) submitted: {} steps", response->job_id(), request.spec().name(),
+               request.spec().steps());
+  launcher_->Launch(response->job_id());
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::GetJob(const v1::GetJobRequest& request,
+                                           v1::JobManifest* response) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+  ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
+  *response = WithoutPrograms(std::move(job));
+  if (telemetry_ != nullptr) {
+    for (const std::string& host : telemetry_->Stragglers(request.job_id())) {
+      response->add_straggler_hosts(host);
+    }
+  }
+  telemetry_->ShowLiveStep(response);  // sdk: a running job's current step
+  coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), response);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::ListJobs(const v1::ListJobsRequest&,
+                                             v1::ListJobsResponse* response) {
+  for (v1::JobManifest& job : jobs_->List()) {
+    v1::JobManifest* listed = response->add_jobs();
+    *listed = WithoutPrograms(job);
+    if (telemetry_ == nullptr) continue;
+    for (const std::string& host : telemetry_->Stragglers(job.job_id())) {
+      listed->add_straggler_hosts(host);
+    }
+    telemetry_->ShowLiveStep(listed);  // sdk: a running job's current step
+    coordinator::FillGoodput(telemetry_->step_times(), absl::Now(), listed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::CancelJob(const v1::CancelJobRequest& request,
+                                              v1::CancelJobResponse*) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+  return launcher_->Cancel(request.job_id());
+}
+
+absl::Status CoordinatorRpcHandler::ReportJobProgress(const v1::ReportJobProgressRequest& request,
+                                                      v1::ReportJobProgressResponse*) {
+  if (request.job_id().empty() || request.host().empty()) {
+    return absl::InvalidArgumentError("job_id and host must be set");
+  }
+  absl::Status status = launcher_->Report(request);
+  // A job from before a coordinator restart: its telemetry was resumed and ends with its hosts.
+  if (absl::IsNotFound(status) && coordinator::IsFinal(request.state())) {
+    telemetry_->HostEnded(request.job_id(), request.host());
+  }
+  return status;
+}
+
+namespace {
+// The address of an ALIVE host, or NOT_FOUND / UNAVAILABLE naming it.
+absl::StatusOr<std::string> AliveAddress(coordinator::WorkerRegistry& registry,
+                                         const std::string& host) {
+  for (const coordinator::WorkerEntry& entry : registry.List()) {
+    if (entry.info.host != host) continue;
+    if (entry.state != coordinator::WorkerState::kAlive) {
+      return absl::UnavailableError(absl::StrCat("host ", host, " is ",
+                                                 coordinator::WorkerStateName(entry.state)));
+    }
+    return entry.info.address;
+  }
+  return absl::NotFoundError(absl::StrCat("host ", host, " is not registered"));
+}
+}  // namespace
+
+absl::Status CoordinatorRpcHandler::GetMetrics(const v1::GetMetricsRequest& request,
+                                               v1::GetMetricsResponse* response) {
+  std::vector<std::pair<std::string, std::string>> hosts;  // host, address
+  if (!request.host().empty()) {
+    ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
+    hosts.emplace_back(request.host(), address);
+  } else {
+    for (const coordinator::WorkerEntry& entry : registry_->List()) {
+      if (entry.state == coordinator::WorkerState::kAlive) {
+        hosts.emplace_back(entry.info.host, entry.info.address);
+      }
+    }
+  }
+  // Every host at once, so one hung worker costs a scrape its 5 s deadline, not 5 s per host.
+  std::vector<v1::WorkerStatusReport> statuses(hosts.size());
+  std::vector<grpc::Status> rpcs(hosts.size());
+  RunConcurrently(hosts.size(), [&](size_t i) {
+    auto context = ContextWithTimeout(absl::Seconds(5));
+    rpcs[i] = v1::Worker::NewStub(MakeChannel(hosts[i].second))
+                  ->GetStatus(context.get(), v1::GetStatusRequest(), &statuses[i]);
+  });
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (!rpcs[i].ok()) {
+      if (!request.host().empty()) return FromGrpcStatus(rpcs[i]);
+      continue;  // a host that just died is not the caller's problem in a cluster view
+    }
+    v1::HostMetrics* metrics = response->add_hosts();
+    metrics->set_host(hosts[i].first);
+    *metrics->mutable_metrics() = statuses[i].metrics();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::GetDeviceMemory(const v1::GetDeviceMemoryRequest& request,
+                                                    v1::GetDeviceMemoryResponse* response) {
+  if (request.host().empty()) return absl::InvalidArgumentError("host is empty; name a worker");
+  ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
+  v1::WorkerDeviceMemoryRequest ask;
+  ask.set_runtime_name(request.runtime_name());
+  v1::WorkerDeviceMemoryResponse answer;
+  auto context = ContextWithTimeout(absl::Seconds(5));
+  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeChannel(address))
+                                     ->GetDeviceMemory(context.get(), ask, &answer)));
+  *response->mutable_devices() = answer.devices();
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueSet(const v1::KeyValueSetRequest& request,
+                                                v1::KeyValueSetResponse*) {
+  return kv_->Set(request.key(), request.value(), request.allow_overwrite());
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueTryGet(const v1::KeyValueGetRequest& request,
+                                                   v1::KeyValueGetResponse* response) {
+  ASSIGN_OR_RETURN(*response->mutable_value(), kv_->TryGet(request.key()));
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueList(const v1::KeyValueListRequest& request,
+                                                 v1::KeyValueListResponse* response) {
+  if (request.directory().empty()) return absl::InvalidArgumentError("directory is empty");
+  for (auto& [key, value] : kv_->List(request.directory())) {
+    v1::KeyValueEntry* entry = response->add_entries();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorRpcHandler::KeyValueDelete(const v1::KeyValueDeleteRequest& request,
+                                                   v1::KeyValueDeleteResponse*) {
+  return kv_->Delete(request.key());
+}
+
+namespace {
+absl::StatusOr<absl::Duration> WaitTimeout(int64_t millis, const char* field) {
+  if (millis < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is negative; give milliseconds >= 0"));
+  }
+  return std::min(absl::Milliseconds(millis), CoordinatorRpcHandler::kMaxWait);
+}
+}  // namespace
+
+void CoordinatorRpcHandler::KeyValueGet(const v1::KeyValueGetRequest& request,
+                                        std::function<void(absl::StatusOr<std::string>)> done) {
+  absl::StatusOr<absl::Duration> timeout = WaitTimeout(request.timeout_millis(), "timeout_millis");
+  if (!timeout.ok()) return done(timeout.status());
+  kv_->GetAsync(request.key(), absl::Now() + *timeout, std::move(done));
+}
+
+void CoordinatorRpcHandler::WaitAtBarrier(const v1::WaitAtBarrierRequest& request,
+                                          std::function<void(absl::Status)> done) {
+  absl::StatusOr<absl::Duration> timeout = WaitTimeout(request.timeout_millis(), "timeout_millis");
+  if (!timeout.ok()) return done(timeout.status());
+  kv_->WaitAtBarrier(request.barrier_id(), request.task(),
+                     {request.tasks().begin(), request.tasks().end()}, absl::Now() + *timeout,
+                     std::move(done));
+}
+
+}  // namespace meshrun::services

@@ -1,0 +1,367 @@
+// WorkerServer::StartJob: turns a StartJobRequest into a running StepLoop (programs from the
+// executable store, the host's replica and batches, collectives, checkpoints). Split from
+// worker_server.cc, which keeps registration, the RPC surface and the job's end.
+#include "services/worker_server.h"
+
+#include <spdlog/spdlog.h>
+#include <algorithm>
+#include <set>
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "common/protocol.h"
+#include "common/status_macros.h"
+#include "coordinator/job_validation.h"
+#include "coordinator/progress_monitor.h"
+#include "services/server_support.h"
+#include "services/worker_checkpoints.h"
+#include "services/coordinator_kv_client.h"
+#include "services/proto_convert.h"
+#include "services/runtime_setup.h"
+#include "services/unary_reactor.h"
+#include "telemetry/combine.h"
+#include "worker/batch_sources.h"
+#include "worker/collectives/host_replicas.h"
+#include "worker/runtime/example_job.h"
+#include "worker/sparse/plan_batches.h"
+
+namespace meshrun::services {
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<const runtime::Executable>> LoadProgram(
+    runtime::Runtime& runtime, worker::ExecutableStore& store, worker::Metrics& metrics,
+    const v1::JobManifest& manifest, const std::string& role) {
+  auto fp = manifest.program_fingerprints().find(role);
+  if (fp == manifest.program_fingerprints().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest has no \"", role, "\" executable"));
+  }
+  const v1::Program* program = nullptr;
+  for (const v1::Program& p : manifest.spec().programs()) {
+    if (p.role() == role) program = &p;
+  }
+  if (program == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("spec has no \"", role, "\" program"));
+  }
+  ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(*program));
+  ASSIGN_OR_RETURN(std::string bytes, store.Read(fp->second));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::Executable> executable,
+                   runtime.DeserializeAndLoad(bytes, std::move(signature)));
+  metrics.AddTime(worker::kLoadTime, absl::Now() - start);
+  return std::shared_ptr<const runtime::Executable>(std::move(executable));
+}
+
+const v1::Program* FindProgram(const v1::JobSpec& spec, const std::string& role) {
+  for (const v1::Program& p : spec.programs()) {
+    if (p.role() == role) return &p;
+  }
+  return nullptr;
+}
+
+// This host's place among a job's host replicas (docs/multihost_cpu.md): its index and their
+// count; {0, 1} for a job on one host or one SPMD program over several.
+struct Replica {
+  int index = 0;
+  int count = 1;
+};
+absl::StatusOr<Replica> ReplicaOf(const v1::MeshAssignment& mesh, const std::string& host) {
+  if (mesh.replica_hosts_size() <= 1) return Replica{};
+  for (int i = 0; i < mesh.replica_hosts_size(); ++i) {
+    if (mesh.replica_hosts(i) == host) return Replica{i, mesh.replica_hosts_size()};
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("this host (", host, ") is not one of the job's replica hosts: ",
+                   absl::StrJoin(mesh.replica_hosts(), ", ")));
+}
+
+// Replica `replica.index`'s block of the rows of a global batch array.
+absl::StatusOr<runtime::HostArray> ReplicaRows(const runtime::HostArray& array, Replica replica,
+                                               const v1::DataSource& data) {
+  std::vector<std::string> rows(array.shape.dims.size(), "");
+  absl::StatusOr<runtime::HostArray> share = absl::InvalidArgumentError("a scalar has no rows");
+  if (!rows.empty()) {
+    rows[0] = "hosts";
+    share = runtime::ShardOf(array, rows, {"hosts"}, {replica.count}, replica.index);
+  }
+  if (!share.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.example_bundle ", data.example_bundle(),
+                                                   ": its batches do not split over ",
+                                                   replica.count, " hosts: ",
+                                                   share.status().message()));
+  }
+  return share;
+}
+
+// The step's batches from the job's data source. Token shards and synthetic tokens fill only
+// the rows of this host's mesh partitions (worker/batch_sources.h); a host replica takes its
+// share of the global batch.
+absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
+                                                                 const v1::Program& step,
+                                                                 int first_batch_input,
+                                                                 const std::string& host,
+                                                                 Replica replica) {
+  const v1::DataSource& data = manifest.spec().data();
+  const v1::MeshAssignment& mesh = manifest.mesh();
+  if (data.has_example_bundle()) {
+    ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
+    if (bundle.batches.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.example_bundle ", data.example_bundle(), " has no batches"));
+    }
+    // The bundle's batches are global: replica h takes block h of their rows.
+    for (auto& batch : bundle.batches) {
+      for (runtime::HostArray& array : batch) {
+        if (replica.count > 1) {
+          ASSIGN_OR_RETURN(array, ReplicaRows(array, replica, data));
+        }
+      }
+    }
+    return worker::MakeCycledBatches(std::move(bundle.batches));
+  }
+  std::vector<int64_t> partitions;
+  for (int p = 0; p < mesh.device_ids_size(); ++p) {
+    if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) partitions.push_back(p);
+  }
+  worker::TokenBatchSpec batch{.seed = static_cast<uint64_t>(data.seed())};
+  std::set<int64_t> rows;
+  // A sparse job's last inputs are the plan tables, appended by WithPlanTables.
+  const int batch_end =
+      step.inputs_size() -
+      (manifest.spec().has_sparse_attention()
+           ? static_cast<int>(coordinator::SparseTableInputs(manifest.spec().sparse_attention()).size())
+           : 0);
+  for (int i = first_batch_input; i < batch_end; ++i) {
+    const v1::TensorSpec& input = step.inputs(i);
+    if (input.shape_size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("batch input ", input.name(), " is not [B, L]"));
+    }
+    batch.inputs.push_back(input.name());
+    batch.batch = input.shape(0);
+    (input.name() == worker::kTokensInput ? batch.length : batch.doc_ids_length) = input.shape(1);
+    ASSIGN_OR_RETURN(std::vector<int64_t> held,
+                     worker::RowsHeld(input.shape(0),
+                                      input.sharding_size() > 0 ? input.sharding(0) : "",
+                                      {mesh.axis_names().begin(), mesh.axis_names().end()},
+                                      {mesh.shape().begin(), mesh.shape().end()}, partitions));
+    rows.insert(held.begin(), held.end());
+  }
+  batch.rows.assign(rows.begin(), rows.end());
+  batch.first_row = replica.index * batch.batch;
+  if (data.synthetic()) return worker::MakeSyntheticBatches(std::move(batch));
+  ASSIGN_OR_RETURN(std::shared_ptr<const worker::TokenCorpus> corpus,
+                   worker::TokenCorpus::Open(data.token_shards_glob()));
+  if (corpus->receipt().sha256 != manifest.data_receipt().sha256()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data.token_shards_glob ", data.token_shards_glob(), " reads sha256 ",
+        corpus->receipt().sha256, " here, the job's data receipt says ",
+        manifest.data_receipt().sha256(), ": the files differ between hosts or changed"));
+  }
+  return worker::MakeTokenShardBatches(std::move(corpus), std::move(batch));
+}
+
+// A sparse-attention job's batches: `inner` yields the step's batch inputs before the plan
+// tables (the job's last inputs, validated at submit); the tables are built per batch from its
+// doc ids with the contract's cached PlanBuilder.
+absl::StatusOr<std::unique_ptr<worker::BatchSource>> WithPlanTables(
+    std::unique_ptr<worker::BatchSource> inner, const v1::JobSpec& spec,
+    const v1::Program& step, worker::sparse::PlanCache& plans, worker::Metrics& metrics) {
+  const v1::SparseAttention& sparse = spec.sparse_attention();
+  ASSIGN_OR_RETURN(std::shared_ptr<const worker::sparse::PlanBuilder> builder,
+                   plans.GetOrCreate(coordinator::SparseContractOf(sparse)));
+  const auto named = coordinator::SparseTableInputs(sparse);
+  worker::sparse::PlanBatches::Config config{.inner = std::move(inner),
+                                             .builder = std::move(builder),
+                                             .doc_ids_index = -1,
+                                             .metrics = &metrics};
+  const int first_table = step.inputs_size() - static_cast<int>(named.size());
+  for (int i = spec.state_count(); i < step.inputs_size(); ++i) {
+    const std::string& name = step.inputs(i).name();
+    if (name == sparse.doc_ids_input()) config.doc_ids_index = i - spec.state_count();
+    for (const auto& [table, input] : named) {
+      if (i >= first_table && input == name) config.tables.push_back(table);
+    }
+  }
+  return worker::sparse::PlanBatches::Create(std::move(config));
+}
+
+}  // namespace
+
+absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
+  const v1::JobManifest& manifest = request.manifest();
+  const v1::JobSpec& spec = manifest.spec();
+  if (request.job_id().empty() || request.job_id() != manifest.job_id()) {
+    return absl::InvalidArgumentError("job_id must be set and match manifest.job_id");
+  }
+  if (runtime_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
+  }
+  const int attempt = manifest.attempts_size();
+  std::unique_ptr<RunningJob> earlier_run;
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ != nullptr && !job_->loop->result().has_value()) {
+      if (job_->job_id != request.job_id()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job_->job_id, " is still running here"));
+      }
+      if (job_->attempt == attempt) {
+        return absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " runs here"));
+      }
+      earlier_run = std::move(job_);  // the job restarted (docs/checkpoints.md)
+    }
+  }
+  if (earlier_run != nullptr) earlier_run->loop->Stop();
+  // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
+  const bool mode_b = coordinator::IsModeB(spec);
+  ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
+  std::shared_ptr<const runtime::Executable> step, grad, apply;
+  if (mode_b) {
+    ASSIGN_OR_RETURN(grad, LoadProgram(*runtime_, *executables_, metrics_, manifest, "grad"));
+    ASSIGN_OR_RETURN(apply, LoadProgram(*runtime_, *executables_, metrics_, manifest, "apply"));
+  } else {
+    ASSIGN_OR_RETURN(step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
+  }
+  // The program that takes the batches, and the one whose outputs carry the telemetry.
+  const v1::Program& batch_program = *FindProgram(spec, mode_b ? "grad" : "step");
+  const v1::Program& last_program = *FindProgram(spec, mode_b ? "apply" : "step");
+  const int num_grad_acc = mode_b ? last_program.inputs_size() - spec.state_count() : 0;
+  ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(manifest.mesh(), config_.identity.host));
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
+                   MakeBatches(manifest, batch_program, spec.state_count() + num_grad_acc,
+                               config_.identity.host, replica));
+  worker::RunSpec run{.job_id = manifest.job_id(),
+                      .host = config_.identity.host,
+                      .num_state = spec.state_count(),
+                      .grad_accumulation = mode_b ? spec.grad_accumulation() : 0,
+                      .num_grad_acc = num_grad_acc,
+                      .seed = static_cast<uint64_t>(spec.data().seed()),
+                      .mesh_axes = {manifest.mesh().axis_names().begin(),
+                                    manifest.mesh().axis_names().end()},
+                      .mesh_shape = {manifest.mesh().shape().begin(), manifest.mesh().shape().end()},
+                      .device_ids = {manifest.mesh().device_ids().begin(),
+                                     manifest.mesh().device_ids().end()},
+                      .telemetry_cadence = spec.telemetry_cadence(),
+                      .steps = spec.steps(),
+                      .replica_count = manifest.mesh().shape_size() > 0 ? manifest.mesh().shape(0) : 1,
+                      .synthetic_data = spec.data().synthetic()};
+  for (int i = spec.state_count() + num_grad_acc; i < batch_program.inputs_size(); ++i) {
+    const auto& sharding = batch_program.inputs(i).sharding();
+    run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
+  }
+  for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
+    worker::TelemetryOutput output{.name = declared.name()};
+    ASSIGN_OR_RETURN(output.combine,
+                     telemetry::ParseCombine(absl::AsciiStrToLower(
+                         v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
+    if (declared.has_threshold()) output.threshold = declared.threshold();
+    for (const v1::TensorSpec& out : last_program.outputs()) {
+      if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
+    }
+    run.telemetry.push_back(std::move(output));
+  }
+  if (spec.has_sparse_attention()) {
+    ASSIGN_OR_RETURN(batches,
+                     WithPlanTables(std::move(batches), spec, batch_program, plans_, metrics_));
+  }
+  // Host replicas average their accumulators between grad and apply.
+  worker::StepLoop::GradientHook reduce_gradients;
+  if (replica.count > 1) {
+    // Gloo listens on the address the coordinator reaches this worker at.
+    ASSIGN_OR_RETURN(const HostPort advertised,
+                     ParseHostPort("advertise_address", advertise_address_));
+    bool replicated = true;  // data-parallel accumulators: the same on every local device
+    for (int i = spec.state_count(); i < last_program.inputs_size(); ++i) {
+      for (const std::string& axis : last_program.inputs(i).sharding()) {
+        replicated = replicated && axis.empty();
+      }
+    }
+    reduce_gradients = worker::collectives::AverageAcrossHosts(
+        {.runtime = runtime_.get(),
+         .allreduce = {.rank = replica.index,
+                       .size = replica.count,
+                       .store = kv_client_,
+                       .prefix = absl::StrCat("collectives/", manifest.job_id()),
+                       .bind_address = advertised.host,
+                       // Twice the job's hang timeout: the coordinator's diagnosis (which
+                       // names the host that stopped) comes first, this is the backstop.
+                       .timeout = request.hang_timeout_millis() > 0
+                                      ? absl::Milliseconds(2 * request.hang_timeout_millis())
+                                      : absl::Seconds(60),
+                       .peer_names = {manifest.mesh().replica_hosts().begin(),
+                                      manifest.mesh().replica_hosts().end()}},
+         .replicated_across_devices = replicated,
+         .metrics = &metrics_});
+    // The heartbeat reports this phase, so a hang names where this host waits.
+    reduce_gradients = [this, reduce = std::move(reduce_gradients)](auto& grad_acc) {
+      in_allreduce_ = true;
+      // Only gloo's part waits for peers (the device transfers wait for this host's compute).
+      const double before = metrics_.Get(worker::kAllReduceTime).total;
+      absl::Status status = reduce(grad_acc);
+      allreduce_seconds_ = metrics_.Get(worker::kAllReduceTime).total - before;
+      in_allreduce_ = false;
+      return status;
+    };
+  }
+  const std::string job_id = manifest.job_id();
+  worker::StepLoop::Config loop_config{
+      .runtime = runtime_.get(),
+      .init = std::move(init),
+      .step = std::move(step),
+      .grad = std::move(grad),
+      .apply = std::move(apply),
+      .reduce_gradients = std::move(reduce_gradients),
+      .spec = std::move(run),
+      .batches = std::move(batches),
+      .sink = [this, incarnation = incarnation(),
+               replicated = replica.count > 1](worker::HostStepSummary summary) {
+        v1::HostSummary proto = ToProto(summary);
+        proto.set_incarnation(incarnation);  // refused once this incarnation is fenced
+        if (replicated) {  // replicas in lockstep: what differs is the time not waiting
+          proto.set_compute_seconds(
+              std::max(1e-9, proto.step_time_seconds() - allreduce_seconds_.load()));
+        }
+        uploader_->Enqueue(std::move(proto));
+      },
+      .metrics = &metrics_};
+  ASSIGN_OR_RETURN(std::shared_ptr<worker::CheckpointSaver> saver,
+                   ConfigureCheckpoints({.manifest = &manifest,
+                                         .state_program = &last_program,
+                                         .host = config_.identity.host,
+                                         .incarnation = incarnation(),
+                                         .writes = replica.index == 0,
+                                         .runtime = runtime_.get(),
+                                         .metrics = &metrics_,
+                                         .coordinator = coordinator_.get()},
+                                        loop_config));
+  // A job's checkpoints are committed before its outcome is reported.
+  loop_config.on_done = [this, job_id, attempt, saver](const worker::LoopResult& result) {
+    reporters_.Run([this, job_id, attempt, result, saver] {
+      if (saver != nullptr) saver->Flush();
+      ReportOutcome(job_id, attempt, result);
+    });
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::StepLoop> loop,
+                   worker::StepLoop::Create(std::move(loop_config)));
+  RETURN_IF_ERROR(loop->Start());
+  spdlog::info("job {} started: {} steps{}, telemetry every {}", job_id, spec.steps(),
+               mode_b ? absl::StrCat(" (mode B, ", spec.grad_accumulation(), " micro-steps each)")
+                      : std::string(),
+               spec.telemetry_cadence());
+  std::unique_ptr<RunningJob> finished;
+  {
+    absl::MutexLock lock(&job_mu_);
+    finished = std::move(job_);
+    job_ = std::make_unique<RunningJob>(
+        RunningJob{job_id, attempt, std::move(saver), std::move(loop)});
+  }
+  // Joined outside the lock: its on_done callback takes job_mu_.
+  if (finished != nullptr) finished->loop->Stop();
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun::services
