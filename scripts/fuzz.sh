@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target (fuzz/, docs/fuzzing.md) for a bounded time each.
-#   scripts/fuzz.sh [--seconds N] [--build DIR] [target ...]     (targets: job_spec, ...)
+#   scripts/fuzz.sh [--seconds N] [--build DIR] [--no-build] [target ...]  (targets: job_spec, ...)
 # Builds DIR (default build-tsa: clang, ASan+UBSan, libFuzzer coverage; the same tree CI's
 # thread-safety step builds) unless its fuzzers are there, writes each target's seeds from
 # examples/, replays the committed regression inputs (fuzz/regressions/<target>/), then fuzzes
@@ -12,11 +12,13 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 seconds=60
 build=build-tsa
+no_build=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
+    --no-build) no_build=1; shift ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -25,12 +27,12 @@ if [ ${#targets[@]} -eq 0 ]; then
   targets=(job_spec job_bundle token_shards telemetry http_query key_value executable_chunks)
 fi
 dir="$root/$build"
-if ! grep -q '^MESHRUN_FUZZ:BOOL=ON' "$dir/CMakeCache.txt" 2>/dev/null; then
+if [ "$no_build" = 0 ] && ! grep -q '^MESHRUN_FUZZ:BOOL=ON' "$dir/CMakeCache.txt" 2>/dev/null; then
   bash "$root/scripts/build.sh" "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
     -DMESHRUN_THREAD_SAFETY=ON -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF \
     -DMESHRUN_FUZZ=ON
 fi
-CCACHE_BASEDIR="$root" ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
+[ "$no_build" = 1 ] || CCACHE_BASEDIR="$root" ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
 
 # Leaks are errors; UBSan findings stop the run like ASan's.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
