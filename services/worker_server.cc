@@ -482,10 +482,13 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
   // The outcome must not be lost to an outage: a restarted coordinator still knows the job and
   // waits for it, so retry while the coordinator is unreachable, until this worker drains.
   absl::Duration backoff = absl::Seconds(1);
-  for (int attempt = 0; !stop_loop_.HasBeenNotified() && DrainLeft() > absl::ZeroDuration();
+  // Draining: retries stop at the drain deadline (one attempt is always made, of 1 s at least).
+  for (int attempt = 0;
+       !stop_loop_.HasBeenNotified() && (attempt == 0 || DrainLeft() > absl::ZeroDuration());
        ++attempt) {
     v1::ReportJobProgressResponse response;
-    auto context = ContextWithTimeout(std::min(config_.rpc_timeout, DrainLeft()));
+    auto context = ContextWithTimeout(
+        std::min(config_.rpc_timeout, std::max(DrainLeft(), absl::Seconds(1))));
     grpc::Status status = coordinator_->ReportJobProgress(context.get(), request, &response);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
