@@ -535,7 +535,7 @@ void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {
   for (const std::string& fp : executables_->Fingerprints()) report->add_executable_fingerprints(fp);
   {
     absl::MutexLock lock(&job_mu_);
-    if (job_ != nullptr) {
+    if (job_ != nullptr && !job_->loop->result().has_value()) {  // an ended job runs no more
       report->set_running_job_id(job_->job_id);
       report->set_current_step(job_->loop->last_completed_step());
     }

@@ -57,6 +57,6 @@ def test_concurrent_submits_never_share_a_host(cluster):
         # The suite's other tests compare the worker's state before and after each call.
         deadline = time.monotonic() + 30
         while cluster.worker.GetStatus(wpb.GetStatusRequest(), timeout=TIMEOUT).running_job_id:
-            assert time.monotonic() < deadline, "the cancelled job did not stop"
+            assert time.monotonic() < deadline, "the cancelled job did not stop:\n" + cluster.logs()
             time.sleep(0.1)
     assert cluster.both_healthy()
