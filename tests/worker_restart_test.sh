@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A worker killed (kill -9) and restarted at the same --listen address gets its next job
 # (issue 16): the coordinator's channel to the dead process was backing off, and the job sent
-# to the new process failed at once with "Connection refused". Then the same after a restart
-# whose registration the coordinator sees only through the new process's first heartbeat.
+# to the new process failed at once with "Connection refused". Twice: a job is sent to the dead
+# process first each time, so the channel is in its reconnect backoff when the worker is back.
 # Usage: worker_restart_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -31,7 +31,11 @@ cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job1.txt"
 
 for round in 2 3; do
   kill -9 "$worker"; wait "$worker" 2>/dev/null || true
-  sleep 1  # the coordinator's channel sees the connection drop and starts backing off
+  # Still ALIVE in the registry: a job sent now finds nobody at the address, and the
+  # coordinator's channel to it starts backing off.
+  dead=$(cli submit "$bundle" --steps=5 --cadence=5)
+  for _ in $(seq 100); do cli get "$dead" | grep -q "state: JOB_STATE_FAILED" && break; sleep 0.1; done
+  cli get "$dead" | grep -q "state: JOB_STATE_FAILED" || fail "job $dead to a dead worker did not fail"
   start_worker "worker-$round" "127.0.0.1:$wport"
   cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job$round.txt" \
     || fail "job $round, after the restart at 127.0.0.1:$wport, did not succeed: $(cat "$tmp/job$round.txt")"
