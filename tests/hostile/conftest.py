@@ -106,6 +106,13 @@ class Cluster:
                 "executables": sorted(status.executable_fingerprints),
                 "running": status.running_job_id, "incarnation": status.incarnation}
 
+    def wait_idle(self, timeout=30.0):
+        """Waits until the worker runs no job (a cancel stops it asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while self.worker.GetStatus(wpb.GetStatusRequest(), timeout=TIMEOUT).running_job_id:
+            assert time.monotonic() < deadline, "the worker still runs a job:\n" + self.logs()
+            time.sleep(0.1)
+
     def both_healthy(self):
         return health(self.cchan) and health(self.wchan)
 
