@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/natural_order.h"
 
@@ -16,6 +17,23 @@ const char* WorkerStateName(WorkerState state) {
   }
   return "UNKNOWN";
 }
+
+namespace {
+
+// "host:port" or "[v6]:port" with a port in 1..65535: where the coordinator will call.
+absl::Status CheckAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535 ||
+      address.find_first_of(" \t\r\n/") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registration.address \"", address, "\" is not host:port (e.g. 10.0.0.5:7071)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(Config config) {
   if (config.heartbeat_timeout <= absl::ZeroDuration()) {
@@ -33,6 +51,7 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
       return absl::InvalidArgumentError(absl::StrCat("registration.", field, " is empty"));
     }
   }
+  if (absl::Status address = CheckAddress(info.address); !address.ok()) return address;
   absl::MutexLock lock(&mu_);
   if (incarnation_host_.contains(info.incarnation)) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -40,6 +59,19 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
         " registered before; a restarted worker must register with a fresh incarnation"));
   }
   ExpireOverdueLocked();
+  // Another process claiming a live host's name from another address while the live one still
+  // heartbeats (a second worker with the same --host, or a spoof) would fence the live one and
+  // kill its job: refused until the live one goes quiet. A restart at the same address is the
+  // same worker and replaces it at once.
+  if (auto live = by_host_.find(info.host);
+      live != by_host_.end() && live->second.state == WorkerState::kAlive &&
+      live->second.info.address != info.address &&
+      config_.clock->Now() - live->second.last_heartbeat < heartbeat_interval() * 3 / 2) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "host ", info.host, " is alive at ", live->second.info.address, " (incarnation ",
+        live->second.info.incarnation, ", heartbeating); a second worker cannot take its name: "
+        "give it another --host, or stop the first"));
+  }
   incarnation_host_[info.incarnation] = info.host;
   WorkerEntry& entry = by_host_[info.host];
   if (entry.state == WorkerState::kAlive && !entry.info.incarnation.empty()) {

@@ -68,4 +68,12 @@ else
 fi
 # --- sdk (issue 17): the meshrun Python SDK (python/) in .venv, reinstalled when it changes.
 bash "$root/scripts/install_sdk.sh"
+# --- fuzz (issue 16): libFuzzer's runtime for Debian's clang 14 (fuzz/, scripts/fuzz.sh).
+if ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "setup: installing Debian package libclang-rt-14-dev (libFuzzer)"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libclang-rt-14-dev
+fi
 echo "setup: done"

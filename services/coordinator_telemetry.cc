@@ -214,9 +214,9 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
 }
 
 absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {
-  if (admit_ && !summary.incarnation().empty()) {
-    RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
-  }
+  // An empty incarnation is checked too: it is no registered host's, so a zombie or a spoof
+  // cannot skip the fence by leaving it out.
+  if (admit_) RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
   {
     absl::MutexLock l(&steps_mu_);
     auto run = run_.find(summary.job_id());

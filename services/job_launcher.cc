@@ -14,6 +14,7 @@
 #include "coordinator/job_validation.h"
 #include "coordinator/mesh_planner.h"
 #include "coordinator/spec_limits.h"
+#include "services/channel_health.h"
 #include "services/executable_transfer.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
@@ -66,13 +67,18 @@ const JobLauncher::Peer& JobLauncher::PeerAt(const std::string& address) {
   for (const WorkerEntry& entry : config_.registry->List()) {
     if (entry.info.address == address) host = entry.info.host;
   }
-  absl::MutexLock lock(&mu_);
-  Peer& peer = peers_[absl::StrCat(host, "@", address)];
-  if (peer.channel == nullptr) {
-    peer.channel = MakeWorkerChannel(address, host);
-    peer.stub = v1::Worker::NewStub(peer.channel);
+  Peer* peer;  // map nodes are stable, and a peer is never replaced
+  {
+    absl::MutexLock lock(&mu_);
+    peer = &peers_[absl::StrCat(host, "@", address)];
+    if (peer->channel == nullptr) {
+      peer->channel = MakeWorkerChannel(address, host);
+      peer->stub = v1::Worker::NewStub(peer->channel);
+    }
   }
-  return peer;
+  // A worker restarted at this address: reach the new process, not the old channel's backoff.
+  ReconnectIfFailing(*peer->channel, absl::Seconds(3));
+  return *peer;
 }
 
 absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest& job) {
@@ -129,26 +135,10 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
   return out;
 }
 
-absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
-  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
-  // A restarted job waits for enough healthy hosts (the same host back, or a spare).
-  const absl::Time give_up = absl::Now() + (job.attempts_size() > 0 ? config_.restart_wait
-                                                                      : absl::ZeroDuration());
-  absl::StatusOr<Assignment> assigned = Plan(job);
-  while (!assigned.ok() && absl::IsFailedPrecondition(assigned.status()) &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(500));
-    ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
-    if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled meanwhile
-    assigned = Plan(job);
-  }
-  RETURN_IF_ERROR(assigned.status());
-  const v1::JobSpec& spec = job.spec();
-  const coordinator::MeshPlan& plan = assigned->plan;
-  const std::vector<WorkerInfo>& hosts = assigned->hosts;
-  // limits: a declared sharding the planned mesh cannot give fails the job here, named.
-  RETURN_IF_ERROR(coordinator::CheckShardingFitsMesh(spec, plan.axis_names, plan.shape));
-  RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
+absl::Status JobLauncher::Book(const std::string& job_id, const v1::JobSpec& spec,
+                               const Assignment& assigned) {
+  const coordinator::MeshPlan& plan = assigned.plan;
+  return config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
     v1::MeshAssignment* mesh = m.mutable_mesh();
     for (const std::string& axis : plan.axis_names) mesh->add_axis_names(axis);
     for (int64_t size : plan.shape) mesh->add_shape(static_cast<int32_t>(size));
@@ -157,12 +147,43 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     for (const std::string& host : plan.replica_hosts) mesh->add_replica_hosts(host);
     if (plan.num_slices > 1) SetMultislice(plan, *mesh);
     *m.mutable_runtime() = ToProto(plan.runtime);
-    for (const WorkerInfo& host : hosts) {
+    for (const WorkerInfo& host : assigned.hosts) {
       (*m.mutable_host_incarnations())[host.host] = host.incarnation;
       (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
     }
     m.set_compile_mode(coordinator::CompileMode(spec));
-  }));
+  });
+}
+
+absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  // A restarted job waits for enough healthy hosts (the same host back, or a spare).
+  const absl::Time give_up = absl::Now() + (job.attempts_size() > 0 ? config_.restart_wait
+                                                                      : absl::ZeroDuration());
+  absl::StatusOr<Assignment> assigned;
+  absl::Status booked;
+  for (;;) {
+    {
+      // Plan and book atomically: a concurrent launch sees these hosts busy.
+      absl::MutexLock booking(&booking_mu_);
+      assigned = Plan(job);
+      if (assigned.ok()) booked = Book(job_id, job.spec(), *assigned);
+    }
+    if (assigned.ok() || !absl::IsFailedPrecondition(assigned.status()) ||
+        absl::Now() >= give_up) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+    ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+    if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled meanwhile
+  }
+  RETURN_IF_ERROR(assigned.status());
+  RETURN_IF_ERROR(booked);
+  const v1::JobSpec& spec = job.spec();
+  const coordinator::MeshPlan& plan = assigned->plan;
+  const std::vector<WorkerInfo>& hosts = assigned->hosts;
+  // limits: a declared sharding the planned mesh cannot give fails the job here, named.
+  RETURN_IF_ERROR(coordinator::CheckShardingFitsMesh(spec, plan.axis_names, plan.shape));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
 
@@ -246,6 +267,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
 
   // LOADING -> RUNNING: collect telemetry first, then start every worker.
   ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+  if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled while loading
   if (config_.telemetry != nullptr && !spec.telemetry().empty()) {
     RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
                                             : config_.telemetry->StartJob(job));
@@ -275,9 +297,12 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     }
   }
   absl::Status running = config_.jobs->Transition(job_id, v1::JOB_STATE_RUNNING);
-  // A worker may already have finished (tiny jobs) or the job was cancelled meanwhile.
-  if (!running.ok() && coordinator::IsFinal(config_.jobs->Get(job_id)->state())) {
-    return absl::OkStatus();
+  // A worker may already have finished (tiny jobs) or the job was cancelled meanwhile: then
+  // Cancel's stop may have reached the workers before they started, so stop them again.
+  if (!running.ok()) {
+    absl::StatusOr<v1::JobManifest> now = config_.jobs->Get(job_id);
+    if (now.ok() && now->state() == v1::JOB_STATE_CANCELLED) StopWorkers(*now);
+    if (now.ok() && coordinator::IsFinal(now->state())) return absl::OkStatus();
   }
   return running;
 }
@@ -349,9 +374,12 @@ absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
 absl::Status JobLauncher::Cancel(const std::string& job_id) {
   RETURN_IF_ERROR(config_.jobs->Cancel(job_id));
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
-  StopWorkers(job);
-  Finished(job_id);
   spdlog::info("job {} CANCELLED", job_id);
+  // Stopping waits on the workers (5 s at worst): off the RPC's thread.
+  launches_.Run([this, job = std::move(job)] {
+    StopWorkers(job);
+    Finished(job.job_id());
+  });
   return absl::OkStatus();
 }
 
@@ -402,23 +430,32 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
     case v1::JOB_STATE_RUNNING:
       return absl::OkStatus();
     case v1::JOB_STATE_FAILED:
-    case v1::JOB_STATE_CANCELLED: {
-      std::string host = report.host();
-      std::string error =
-          report.state() == v1::JOB_STATE_FAILED ? report.error() : "stopped by the worker";
-      // A host that lost a peer (a cross-host all-reduce) reports first; blame the peer.
-      if (const std::string gone = report.state() == v1::JOB_STATE_FAILED
-                                       ? UnreachableHost(job, report.host())
-                                       : "";
-          !gone.empty()) {
-        error = absl::StrCat("worker ", gone, " is unreachable; ", host, " reported: ", error);
-        host = gone;
-      } else if (report.restore_failed()) {
-        MarkUnrestorable(job, error);
-        return Fail(report.job_id(), host, error, /*host_at_fault=*/false);
-      }
-      return Fail(report.job_id(), host, error);
-    }
+    case v1::JOB_STATE_CANCELLED:
+      // Probing the other hosts and stopping them waits on workers: off the RPC's thread.
+      launches_.Run([this, report, job = std::move(job)] {
+        // Another host's report of the same run may have restarted the job meanwhile.
+        if (absl::StatusOr<v1::JobManifest> now = config_.jobs->Get(report.job_id());
+            now.ok() && now->attempts_size() != job.attempts_size()) {
+          return;
+        }
+        std::string host = report.host();
+        std::string error =
+            report.state() == v1::JOB_STATE_FAILED ? report.error() : "stopped by the worker";
+        bool host_at_fault = true;
+        // A host that lost a peer (a cross-host all-reduce) reports first; blame the peer.
+        if (const std::string gone = report.state() == v1::JOB_STATE_FAILED
+                                         ? UnreachableHost(job, report.host())
+                                         : "";
+            !gone.empty()) {
+          error = absl::StrCat("worker ", gone, " is unreachable; ", host, " reported: ", error);
+          host = gone;
+        } else if (report.restore_failed()) {  // the checkpoint's fault, not the host's
+          MarkUnrestorable(job, error);
+          host_at_fault = false;
+        }
+        Fail(report.job_id(), host, error, host_at_fault).IgnoreError();  // may have ended
+      });
+      return absl::OkStatus();
     case v1::JOB_STATE_SUCCEEDED: {
       bool all = false;
       {
@@ -428,14 +465,23 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
         all = done.size() == static_cast<size_t>(job.host_incarnations_size());
       }
       if (!all) return absl::OkStatus();
-      // The launch thread may still be moving LOADING -> RUNNING; wait for it briefly.
-      for (int i = 0; i < 100 && config_.jobs->Get(report.job_id())->state() ==
-                                     v1::JOB_STATE_LOADING; ++i) {
-        absl::SleepFor(absl::Milliseconds(10));
+      if (config_.jobs->Get(report.job_id())->state() != v1::JOB_STATE_LOADING) {
+        RETURN_IF_ERROR(config_.jobs->Transition(report.job_id(), v1::JOB_STATE_SUCCEEDED));
+        spdlog::info("job {} SUCCEEDED at step {}", report.job_id(), report.last_step());
+        Finished(report.job_id());
+        return absl::OkStatus();
       }
-      RETURN_IF_ERROR(config_.jobs->Transition(report.job_id(), v1::JOB_STATE_SUCCEEDED));
-      spdlog::info("job {} SUCCEEDED at step {}", report.job_id(), report.last_step());
-      Finished(report.job_id());
+      // The launch thread is still moving LOADING -> RUNNING: wait for it, off this thread.
+      launches_.Run([this, report] {
+        for (int i = 0; i < 100 && config_.jobs->Get(report.job_id())->state() ==
+                                       v1::JOB_STATE_LOADING; ++i) {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        if (config_.jobs->Transition(report.job_id(), v1::JOB_STATE_SUCCEEDED).ok()) {
+          spdlog::info("job {} SUCCEEDED at step {}", report.job_id(), report.last_step());
+          Finished(report.job_id());
+        }
+      });
       return absl::OkStatus();
     }
     default:

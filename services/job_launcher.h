@@ -115,6 +115,9 @@ class JobLauncher {
   // PENDING -> ASSIGNED's choice: the runtime pin, the hosts and the mesh, from the workers
   // alive now. Errors: FAILED_PRECONDITION (no eligible worker, no mesh fits; named).
   absl::StatusOr<Assignment> Plan(const v1::JobManifest& job);
+  // Records the plan's mesh and hosts in the job's manifest (the booking Plan reads).
+  absl::Status Book(const std::string& job_id, const v1::JobSpec& spec,
+                    const Assignment& assigned) ABSL_EXCLUSIVE_LOCKS_REQUIRED(booking_mu_);
   // Sends `host` every executable it does not hold (one retry after a corrupt transfer) and
   // records what it now holds; returns the bytes sent. Errors: the transfer's.
   absl::StatusOr<int64_t> Distribute(
@@ -151,6 +154,9 @@ class JobLauncher {
 
   const Config config_;
   BackgroundTasks launches_;
+  // Held from a launch's Plan until its hosts are booked in the job table, so concurrent
+  // launches never book the same host twice (taken before mu_, never while waiting).
+  absl::Mutex booking_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by host@address; entries stay put

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/channel_health.h"
 #include "services/tls_credentials.h"
 
 namespace meshrun::services {
@@ -87,6 +88,7 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);  // job specs carry their programs
+  AddServerKeepalive(builder);
   StartedServer started;
   builder.AddListeningPort(address, *credentials, &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
@@ -144,6 +146,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  AddClientKeepalive(args);
   return grpc::CreateCustomChannel(address, MakeChannelCredentials(ProcessSecurity(), expect),
                                    args);
 }

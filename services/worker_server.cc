@@ -407,6 +407,7 @@ void WorkerServer::RegistrationLoop() {
 
 void WorkerServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
+  drain_until_micros_ = absl::ToUnixMicros(absl::Now() + deadline);  // every step below ends by then
   {
     // Ends between steps; reported as CANCELLED. A job with checkpoints saves the step it
     // finishes first (a preemption loses no step), within the drain deadline.
@@ -429,12 +430,12 @@ void WorkerServer::Drain(absl::Duration deadline) {
     request.set_host(config_.identity.host);
     request.set_incarnation(incarnation());
     v1::DeregisterWorkerResponse response;
-    auto context = ContextWithTimeout(std::min(config_.rpc_timeout, deadline));
+    auto context = ContextWithTimeout(std::min(config_.rpc_timeout, DrainLeft()));
     grpc::Status status = coordinator_->DeregisterWorker(context.get(), request, &response);
     if (!status.ok()) spdlog::warn("deregistration failed: {}", status.error_message());
     registered_ = false;
   }
-  DrainServer(*server_, deadline);
+  DrainServer(*server_, DrainLeft());
 }
 
 WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
@@ -493,15 +494,19 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
                result.last_completed_step,
                result.error.ok() ? "" : ": " + std::string(result.error.message()));
   // The job's last summaries go before its outcome: the coordinator stops collecting then.
-  if (!uploader_->Flush(job_id, absl::Seconds(10))) {
+  if (!uploader_->Flush(job_id, std::min(absl::Seconds(10), DrainLeft()))) {
     spdlog::warn("job {}: telemetry not all acknowledged before reporting the outcome", job_id);
   }
   // The outcome must not be lost to an outage: a restarted coordinator still knows the job and
   // waits for it, so retry while the coordinator is unreachable, until this worker drains.
   absl::Duration backoff = absl::Seconds(1);
-  for (int attempt = 0; !stop_loop_.HasBeenNotified(); ++attempt) {
+  // Draining: retries stop at the drain deadline (one attempt is always made, of 1 s at least).
+  for (int attempt = 0;
+       !stop_loop_.HasBeenNotified() && (attempt == 0 || DrainLeft() > absl::ZeroDuration());
+       ++attempt) {
     v1::ReportJobProgressResponse response;
-    auto context = ContextWithTimeout(config_.rpc_timeout);
+    auto context = ContextWithTimeout(
+        std::min(config_.rpc_timeout, std::max(DrainLeft(), absl::Seconds(1))));
     grpc::Status status = coordinator_->ReportJobProgress(context.get(), request, &response);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -512,7 +517,7 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
       spdlog::warn("job {}: cannot report the outcome yet ({}); retrying", job_id,
                    status.error_message());
     }
-    stop_loop_.WaitForNotificationWithTimeout(backoff);
+    stop_loop_.WaitForNotificationWithTimeout(std::min(backoff, DrainLeft()));
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }
@@ -548,7 +553,7 @@ void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {
   for (const std::string& fp : executables_->Fingerprints()) report->add_executable_fingerprints(fp);
   {
     absl::MutexLock lock(&job_mu_);
-    if (job_ != nullptr) {
+    if (job_ != nullptr && !job_->loop->result().has_value()) {  // an ended job runs no more
       report->set_running_job_id(job_->job_id);
       report->set_current_step(job_->loop->last_completed_step());
     }

@@ -10,7 +10,9 @@
 // Thread-safety: all public methods may be called from any thread; Drain() is idempotent.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -126,6 +129,14 @@ class WorkerServer {
   absl::Notification stop_loop_;
   std::thread loop_;
   std::atomic<bool> drained_{false};
+  // When a drain must be over (unix micros; max: not draining): outcome reports stop retrying
+  // then, so a drain ends within its deadline even with the coordinator unreachable.
+  std::atomic<int64_t> drain_until_micros_{std::numeric_limits<int64_t>::max()};
+  absl::Duration DrainLeft() const {
+    const int64_t until = drain_until_micros_.load();
+    if (until == std::numeric_limits<int64_t>::max()) return absl::InfiniteDuration();
+    return std::max(absl::ZeroDuration(), absl::FromUnixMicros(until) - absl::Now());
+  }
 };
 
 }  // namespace meshrun::services
