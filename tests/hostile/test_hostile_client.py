@@ -66,8 +66,7 @@ def test_submit_state_count_out_of_range(cluster, count, words):
     refused(cluster, lambda: submit(cluster, spec(state_count=count)), C.INVALID_ARGUMENT, *words)
 
 
-# Submit-time signature checks are issue 16 item 1 (branch `limits`); until they are merged
-# some of these jobs are accepted.
+# Submit-time signature checks (issue 16 item 1): each lie is refused, naming the field.
 def test_submit_lying_signatures(cluster):
     s = spec()
     step = next(p for p in s.programs if p.role == "step")
