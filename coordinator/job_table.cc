@@ -111,10 +111,15 @@ absl::Status JobTable::TransitionLocked(v1::JobManifest& job, v1::JobState to) {
   return absl::OkStatus();
 }
 
-absl::Status JobTable::Transition(const std::string& job_id, v1::JobState to) {
+absl::Status JobTable::Transition(const std::string& job_id, v1::JobState to,
+                                  std::optional<int> attempts) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  if (attempts.has_value() && it->second.attempts_size() != *attempts) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " restarted since run ",
+                                           *attempts + 1));
+  }
   RETURN_IF_ERROR(TransitionLocked(it->second, to));
   ChangedLocked(it->second);
   return absl::OkStatus();
@@ -134,7 +139,7 @@ absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
 
 absl::Status JobTable::Restart(const std::string& job_id, const std::string& host,
                                const std::string& cause, const std::string& resume_from,
-                               int64_t restored_step) {
+                               int64_t restored_step, int expected_attempts) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
@@ -142,6 +147,10 @@ absl::Status JobTable::Restart(const std::string& job_id, const std::string& hos
   if (IsFinal(job.state())) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " already ended ", JobStateName(job.state())));
+  }
+  if (job.attempts_size() != expected_attempts) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " restarted meanwhile (run ",
+                                           job.attempts_size() + 1, ")"));
   }
   v1::JobAttempt* attempt = job.add_attempts();
   attempt->set_start_unix_micros(job.attempts_size() > 1

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,10 @@ class JobTable {
 
   // Errors: NOT_FOUND (unknown job), FAILED_PRECONDITION (the move is not legal from the
   // job's current state; both states named).
-  absl::Status Transition(const std::string& job_id, v1::JobState to);
+  // With `attempts`, only while the job is in that run (JobManifest.attempts' size): ABORTED when
+  // it restarted since, so a launch overtaken by a restart changes nothing.
+  absl::Status Transition(const std::string& job_id, v1::JobState to,
+                          std::optional<int> attempts = std::nullopt);
 
   // Moves a job to FAILED naming `host` and `error`. Errors: as Transition.
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
@@ -66,9 +70,11 @@ class JobTable {
   // Ends the job's current run and makes it PENDING again, to start over from the checkpoint
   // `resume_from` (step `restored_step`): records a JobAttempt (naming `host` and `cause`),
   // clears the run's mesh and hosts. Errors: NOT_FOUND, FAILED_PRECONDITION (a final job).
+  // `expected_attempts`: the attempts the caller saw; ABORTED when another failure restarted
+  // the job since (then nothing changes).
   absl::Status Restart(const std::string& job_id, const std::string& host,
                        const std::string& cause, const std::string& resume_from,
-                       int64_t restored_step);
+                       int64_t restored_step, int expected_attempts);
 
   // Moves a job to CANCELLED. Errors: as Transition (a finished job cannot be cancelled).
   absl::Status Cancel(const std::string& job_id);

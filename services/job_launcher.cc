@@ -42,17 +42,16 @@ JobLauncher::JobLauncher(Config config) : config_(config) {}
 
 JobLauncher::~JobLauncher() { launches_.JoinAll(); }
 
-void JobLauncher::Launch(const std::string& job_id) {
-  launches_.Run([this, job_id] {
-    absl::StatusOr<v1::JobManifest> before = config_.jobs->Get(job_id);
-    absl::Status status = RunLaunch(job_id);
+void JobLauncher::Launch(const std::string& job_id, int attempts) {
+  launches_.Run([this, job_id, attempts] {
+    absl::Status status = RunLaunch(job_id, attempts);
     if (!status.ok()) {
       absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
-      if (job.ok() && before.ok() && job->attempts_size() != before->attempts_size()) {
+      if (job.ok() && job->attempts_size() != attempts) {
         // A worker of this run failed (its restore, say) while it was being launched, and the
         // job restarted: this launch is over, the next run's is under way.
-        spdlog::info("job {}: launch of run {} abandoned: {}", job_id,
-                     before->attempts_size() + 1, status.ToString());
+        spdlog::info("job {}: launch of run {} abandoned: {}", job_id, attempts + 1,
+                     status.ToString());
         return;
       }
       Fail(job_id, job.ok() ? job->failed_host() : "", std::string(status.message()))
@@ -155,8 +154,9 @@ absl::Status JobLauncher::Book(const std::string& job_id, const v1::JobSpec& spe
   });
 }
 
-absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
+absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  if (job.attempts_size() != attempts) return absl::OkStatus();  // restarted again since
   // A restarted job waits for enough healthy hosts (the same host back, or a spare).
   const absl::Time give_up = absl::Now() + (job.attempts_size() > 0 ? config_.restart_wait
                                                                       : absl::ZeroDuration());
@@ -184,7 +184,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
   const std::vector<WorkerInfo>& hosts = assigned->hosts;
   // limits: a declared sharding the planned mesh cannot give fails the job here, named.
   RETURN_IF_ERROR(coordinator::CheckShardingFitsMesh(spec, plan.axis_names, plan.shape));
-  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED));
+  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED, attempts));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
 
   // ASSIGNED -> LOADING: compile once per key, here when this coordinator runs the job's
@@ -242,7 +242,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
     m.set_compiled_on(compiled_on);
     for (const auto& [role, fp] : fingerprints) (*m.mutable_program_fingerprints())[role] = fp;
   }));
-  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING));
+  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING, attempts));
 
   // Distribute to every worker at once, skipping what each already holds.
   std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
@@ -267,6 +267,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
 
   // LOADING -> RUNNING: collect telemetry first, then start every worker.
   ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+  if (job.attempts_size() != attempts) return absl::OkStatus();  // restarted meanwhile
   if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled while loading
   if (config_.telemetry != nullptr && !spec.telemetry().empty()) {
     RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
@@ -296,7 +297,7 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id) {
                                                        ": ", started.message()));
     }
   }
-  absl::Status running = config_.jobs->Transition(job_id, v1::JOB_STATE_RUNNING);
+  absl::Status running = config_.jobs->Transition(job_id, v1::JOB_STATE_RUNNING, attempts);
   // A worker may already have finished (tiny jobs) or the job was cancelled meanwhile: then
   // Cancel's stop may have reached the workers before they started, so stop them again.
   if (!running.ok()) {
@@ -452,6 +453,11 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
         } else if (report.restore_failed()) {  // the checkpoint's fault, not the host's
           MarkUnrestorable(job, error);
           host_at_fault = false;
+        }
+        // The probe takes time: the job may have restarted meanwhile.
+        if (absl::StatusOr<v1::JobManifest> now = config_.jobs->Get(report.job_id());
+            now.ok() && now->attempts_size() != job.attempts_size()) {
+          return;
         }
         Fail(report.job_id(), host, error, host_at_fault).IgnoreError();  // may have ended
       });

@@ -74,7 +74,9 @@ class JobLauncher {
   }
 
   // Starts launching a PENDING job in the background.
-  void Launch(const std::string& job_id);
+  // `attempts`: the job's attempts when this run was decided; a launch that finds the job
+  // restarted again by then does nothing.
+  void Launch(const std::string& job_id, int attempts = 0);
 
   // Cancels the job and tells each of its workers to stop (bounded by rpc_timeout).
   // Errors: as JobTable::Cancel.
@@ -107,7 +109,7 @@ class JobLauncher {
                     bool host_at_fault = true);
 
  private:
-  absl::Status RunLaunch(const std::string& job_id);
+  absl::Status RunLaunch(const std::string& job_id, int attempts);
   struct Assignment {
     coordinator::MeshPlan plan;
     std::vector<coordinator::WorkerInfo> hosts;  // in plan.hosts order

@@ -102,13 +102,15 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
     absl::MutexLock lock(&mu_);
     failed_member_[job_id] = {host, member->second};
   }
-  StopWorkers(*job);
-  if (!config_.jobs->Restart(job_id, host, cause, newest->path(), newest->step()).ok()) {
-    return false;  // ended meanwhile
-  }
+  // Restart first: of two failures of the same run, only one restarts the job.
+  const absl::Status restarted = config_.jobs->Restart(job_id, host, cause, newest->path(),
+                                                       newest->step(), job->attempts_size());
+  if (absl::IsAborted(restarted)) return true;  // another failure restarted it: handled
+  if (!restarted.ok()) return false;            // ended meanwhile
+  StopWorkers(*job);  // the old run's hosts, before the new run starts
   spdlog::warn("job {} RESTARTING from its checkpoint of step {} (run {} of at most {}): {}",
                job_id, newest->step(), job->attempts_size() + 2, max_restarts + 1, cause);
-  Launch(job_id);
+  Launch(job_id, job->attempts_size() + 1);
   return true;
 }
 
