@@ -1,4 +1,4 @@
-// The bundle reader (services/job_bundle.h, worker/runtime/example_job.h) on any job.json:
+// The bundle reader (client/job_bundle.h, worker/runtime/example_job.h) on any job.json:
 // the input replaces job.json in a private copy of an example bundle's directory, so the
 // programs and data files it names exist. Seeds: every example's job.json. Property: no crash,
 // no hang, a refusal is INVALID_ARGUMENT or NOT_FOUND.
@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "fuzz/fuzz_support.h"
-#include "services/job_bundle.h"
+#include "client/job_bundle.h"
 
 namespace {
 std::string& JobJson() {
@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshrun;
   if (JobJson().empty()) return 0;
   fuzz::WriteFile(JobJson(), {reinterpret_cast<const char*>(data), size});
-  const absl::StatusOr<v1::JobSpec> spec = services::JobSpecFromBundle(JobJson(), {});
+  const absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(JobJson(), {});
   fuzz::ExpectDocumentedError(spec.status(), "JobSpecFromBundle",
                               {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound});
   return 0;

@@ -7,14 +7,14 @@
 
 #include "coordinator/job_validation.h"
 #include "fuzz/fuzz_support.h"
-#include "services/job_bundle.h"
+#include "client/job_bundle.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace meshrun;
   fuzz::QuietLogs();
   std::vector<std::string> seeds;
   for (const std::string& bundle : fuzz::ExampleBundles()) {
-    absl::StatusOr<v1::JobSpec> spec = services::JobSpecFromBundle(bundle, {});
+    absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(bundle, {});
     if (!spec.ok()) continue;
     for (v1::Program& p : *spec->mutable_programs()) p.set_stablehlo("ML\xefR");
     seeds.push_back(spec->SerializeAsString());

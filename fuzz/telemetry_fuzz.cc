@@ -12,7 +12,7 @@
 
 #include "common/clock.h"
 #include "fuzz/fuzz_support.h"
-#include "services/job_bundle.h"
+#include "client/job_bundle.h"
 #include "telemetry/history_store.h"
 #include "telemetry/step_combiner.h"
 
@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   state = new State;
   for (const std::string& bundle : fuzz::ExampleBundles()) {
     if (bundle.find("transformer_lm/dp1/") == std::string::npos) continue;
-    absl::StatusOr<v1::JobSpec> spec = services::JobSpecFromBundle(bundle, {});
+    absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(bundle, {});
     if (spec.ok()) state->declarations.assign(spec->telemetry().begin(), spec->telemetry().end());
   }
   if (state->declarations.empty()) {  // examples absent: the loss alone

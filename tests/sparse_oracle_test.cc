@@ -1,5 +1,5 @@
 // The block-sparse example (examples/transformer_lm/sparse_dp1) run the way the worker runs it:
-// job.json -> JobSpec (services/job_bundle) -> mask contract -> the C++ planner builds every
+// job.json -> JobSpec (client/job_bundle) -> mask contract -> the C++ planner builds every
 // batch's plan tables -> the step through meshrun's PJRT runtime. Its loss sequence matches the
 // one JAX computed with the exporter's own tables (reference.json), and active_tile_fraction
 // matches too: the C++ tables mean what the exporter's mean. Needs the CPU PJRT plugin.
