@@ -45,9 +45,9 @@ round() {
   kill -"$signal" "$wb"
   local t0 t1
   t0=$(now)
-  for _ in $(seq 600); do cli get "$job" | grep -q "JOB_STATE_FAILED" && break; sleep 0.05; done
+  for _ in $(seq 600); do cli --output=textproto get "$job" | grep -q "JOB_STATE_FAILED" && break; sleep 0.05; done
   t1=$(now)
-  cli get "$job" | grep -q 'failed_host: "host-b"' || fail "host-b not named"
+  cli --output=textproto get "$job" | grep -q 'failed_host: "host-b"' || fail "host-b not named"
   kill -9 "$cpid" "$wa" "$wb" 2>/dev/null || true
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
 }
