@@ -47,7 +47,8 @@ echo "demo: submitted $job (compiling once, then streaming the executables to bo
 cli watch "$job" | tee "$run/telemetry.txt"
 echo "demo: manifest of $job"
 cli get "$job" | tee "$run/manifest.txt"
-cli --output=textproto get "$job" | grep -q "state: JOB_STATE_SUCCEEDED" || { echo "demo: the job did not succeed"; exit 1; }
+cli --output=textproto get "$job" >"$run/manifest.textproto"
+grep -q "state: JOB_STATE_SUCCEEDED" "$run/manifest.textproto" || { echo "demo: the job did not succeed"; exit 1; }
 # A batch is 8 rows of 64 bytes, so one logged loss is noisy: the end is the mean of the last
 # five logged values.
 awk 'NR > 1 && $1 ~ /^[0-9]+$/ { if (!first) first = $2; last[n++ % 5] = $2 }
