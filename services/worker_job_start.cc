@@ -4,12 +4,12 @@
 #include "services/worker_server.h"
 
 #include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <set>
-#include "absl/random/random.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"

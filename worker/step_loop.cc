@@ -1,13 +1,10 @@
 #include "worker/step_loop.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
