@@ -32,7 +32,7 @@ if [ "$no_build" = 0 ] && ! grep -q '^MESHRUN_FUZZ:BOOL=ON' "$dir/CMakeCache.txt
     -DMESHRUN_THREAD_SAFETY=ON -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF \
     -DMESHRUN_FUZZ=ON
 fi
-[ "$no_build" = 1 ] || CCACHE_BASEDIR="$root" ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
+[ "$no_build" = 1 ] || CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
 
 # Leaks are errors; UBSan findings stop the run like ASan's.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
