@@ -1,10 +1,10 @@
 // Headless Chromium (Debian's, or $CHROMIUM) through playwright-core from <web dir>/node_modules,
 // shared by the browser tests (dashboard_e2e.mjs, netns/dashboard_straggler.mjs).
 import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 
 export async function launchChromium(webDir) {
-  const { chromium } = createRequire(join(webDir, 'package.json'))('playwright-core');
+  const { chromium } = createRequire(join(resolve(webDir), 'package.json'))('playwright-core');
   return chromium.launch({
     executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
     headless: true,

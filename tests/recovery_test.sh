@@ -8,17 +8,21 @@
 # The job SUCCEEDS, its manifest records both attempts (the dead host and restored step 60; the
 # failed restore and step 30) and marks step 60 unrestorable, and its loss history holds one
 # value per step equal to an uninterrupted run's within 1e-6 relative (the re-run steps replace
-# the lost runs'); `meshrun watch` shows one line per restart and goes on.
+# the lost runs'); `meshrun watch` shows one line per restart and goes on, and so does the
+# dashboard, open in headless Chromium through both restarts (dashboard_rewind.mjs).
 # Usage: recovery_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
 src=$2
 lm="$src/examples/transformer_lm/dp4x2/job.json"
 source "$(dirname "$0")/cluster_lib.sh"
-"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
+"$bin/meshrun-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
+  --state_dir="$tmp/coordinator" --data_root="$tmp" \
   --heartbeat_timeout=2s --restart_wait=60s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
+http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
+[ -n "$http" ] || fail "no HTTP port logged"
 declare -A worker_pid
 start_worker() {  # host, worker index
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="$1" \
@@ -42,6 +46,10 @@ job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_
   --checkpoint_every=30)
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" 2>&1 &
 pids+=($!)
+node "$src/tests/dashboard_rewind.mjs" "$src/web" "http://127.0.0.1:$http/" "$job" $steps \
+  "$bin/../recovery_dashboard.png" >"$tmp/dashboard.log" 2>&1 &
+dashboard=$!
+pids+=($dashboard)
 wait_for "$tmp/watch.txt" "^ *70 " || fail "the job did not reach step 70"
 [ -f "$tmp/60/meshrun_checkpoint.json" ] || fail "step 60 is not committed at step 70"
 chunk=$(find "$tmp/60" -mindepth 2 -name '0*' -type f | sort | head -1)
@@ -70,6 +78,8 @@ PY
 grep -q "^-- run 2: restarted from the checkpoint of step 60 " "$tmp/watch.txt" &&
   grep -q "^-- run 3: restarted from the checkpoint of step 30 " "$tmp/watch.txt" ||
   fail "meshrun watch did not show both restarts: $(grep -- "^--" "$tmp/watch.txt")"
+wait "$dashboard" || fail "the dashboard through the restarts: $(cat "$tmp/dashboard.log")"
+cat "$tmp/dashboard.log"
 export_loss "$job" "$tmp/recovered.csv"
 awk -F, -v rows=$steps '
   FNR == 1 { next }

@@ -102,12 +102,22 @@ class LineChart {
     this.dirty = true;
   }
 
+  // The job restarted from the checkpoint of `step`: the steps after it come again.
+  rewind(step) {
+    let keep = this.steps.length;
+    while (keep > 0 && this.steps[keep - 1] > step) keep--;
+    this.steps.length = keep;
+    for (const column of this.columns) column.length = keep;
+    this.dirty = true;
+  }
+
   draw() {
     if (!this.dirty) return;
     this.dirty = false;
     this.plot.setData([this.steps, ...this.columns]);
     this.waiting.remove();
     this.box.dataset.points = String(this.steps.length);
+    this.box.dataset.lastStep = String(this.steps.at(-1) ?? '');
     const last = this.columns[0][this.columns[0].length - 1];
     this.latest.textContent = Number.isFinite(last) ? last.toPrecision(4) : '';
   }
@@ -143,6 +153,8 @@ class Heatmap {
     this.box.append(this.waiting, this.canvas);
     $('#charts').append(this.box);
   }
+
+  rewind() {}  // shows the newest step only; the re-run steps replace it as they come
 
   add(step, values) {
     this.step = step;
@@ -224,6 +236,7 @@ async function selectJob(jobId) {
   charts = new Map();
   latestStep = 0;
   $('#charts').replaceChildren();
+  $('#job-runs').replaceChildren();
   renderJobHeader();
   renderJobs();
   let declared = [];
@@ -253,6 +266,10 @@ function openStream(jobId, sinceStep = 0) {
   source.addEventListener('summary', (event) => {
     const summary = JSON.parse(event.data);
     const step = Number(summary.step);
+    if (summary.rewind) {
+      rewind(step, summary.rewind);
+      return;
+    }
     for (const value of summary.values || []) {
       const chart = charts.get(value.name);
       if (chart) chart.add(step, (value.values || []).map(Number));
@@ -273,6 +290,19 @@ function openStream(jobId, sinceStep = 0) {
   });
   source.onerror = () => setConnection('reconnecting…', 'warn');
   source.onopen = () => setConnection('live', 'ok');
+}
+
+// A restart (docs/checkpoints.md, "Automatic recovery"): charts drop the lost run's steps after
+// the restored checkpoint, and the job header lists the run with its cause.
+function rewind(step, event) {
+  for (const chart of charts.values()) chart.rewind(step);
+  latestStep = Math.min(latestStep, step);
+  const lost = Number(event.steps_lost || 0);
+  $('#job-runs').append(el('li', { 'data-attempt': String(event.attempt) },
+    `run ${event.attempt}: restarted from the checkpoint of step ${step}` +
+    ` (${lost} step${lost === 1 ? '' : 's'} run again)` +
+    (event.host ? `; ${event.host}` : '') + (event.cause ? `: ${event.cause}` : '')));
+  scheduleDraw();
 }
 
 let drawPending = false;
@@ -304,8 +334,31 @@ function renderJobHeader() {
   const slow = job?.state === 'JOB_STATE_RUNNING' ? (job.straggler_hosts || []) : [];
   $('#job-stragglers').textContent = slow.length ? `straggler: ${slow.join(', ')}` : '';
   $('#job-stragglers').dataset.stragglers = slow.join(' ');
+  renderGoodput(job);
   const manifest = job ? JSON.stringify(job, null, 2) : '';
   if ($('#manifest').textContent !== manifest) $('#manifest').textContent = manifest;
+}
+
+// Goodput (docs/goodput.md): productive step time over wall time, and the badput by cause,
+// largest first, as the coordinator computes them.
+function renderGoodput(job) {
+  const goodput = job?.goodput;
+  const box = $('#job-goodput');
+  if (!goodput || !Number(goodput.wall_seconds)) {
+    box.textContent = '';
+    delete box.dataset.ratio;
+    return;
+  }
+  const ratio = Number(goodput.ratio);
+  const badput = Object.entries(goodput.badput_seconds || {})
+    .map(([cause, seconds]) => [cause, Number(seconds)])
+    .filter(([, seconds]) => seconds >= 0.05)
+    .sort((a, b) => b[1] - a[1]);
+  box.dataset.ratio = ratio.toFixed(4);
+  box.title = `${Number(goodput.productive_seconds).toFixed(1)} s of steps over ` +
+    `${Number(goodput.wall_seconds).toFixed(1)} s wall`;
+  box.replaceChildren(`goodput ${(100 * ratio).toFixed(1)}%`, ...badput.map(([cause, seconds]) =>
+    el('span', { class: 'badput', 'data-cause': cause }, `${cause.replaceAll('_', ' ')} ${seconds.toFixed(1)} s`)));
 }
 
 // ---- tables ---------------------------------------------------------------------------
