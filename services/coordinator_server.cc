@@ -311,14 +311,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   ASSIGN_OR_RETURN(server->telemetry_,
                    CoordinatorTelemetry::Create({.database = config.state_dir + "/telemetry.db",
                                                  .grace = config.telemetry_grace,
-                                                 .admit = [r = server->registry_.get()](
-                                                     const std::string& host,
-                                                     const std::string& incarnation) {
-                                                   // Fenced: DEAD or replaced. Unknown hosts
-                                                   // (after a restart) are not.
-                                                   absl::Status s = r->CheckCurrent(host, incarnation);
-                                                   return absl::IsNotFound(s) ? absl::OkStatus() : s;
-                                                 },
+                                                 .admit = CoordinatorTelemetry::RegistryFence(
+                                                     server->registry_.get()),
                                                  .history_max_age = config.limits.history_retention,
                                                  .history_max_steps = config.limits.history_max_steps}));
   // Job ids continue past those the history knows, so a restart never reuses one.

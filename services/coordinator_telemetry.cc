@@ -11,8 +11,17 @@
 #include "common/natural_order.h"
 #include "common/status_macros.h"
 #include "coordinator/job_table.h"
+#include "coordinator/worker_registry.h"
 
 namespace meshrun::services {
+
+std::function<absl::Status(const std::string&, const std::string&)>
+CoordinatorTelemetry::RegistryFence(coordinator::WorkerRegistry* registry) {
+  return [registry](const std::string& host, const std::string& incarnation) {
+    absl::Status s = registry->CheckCurrent(host, incarnation);
+    return absl::IsNotFound(s) ? absl::OkStatus() : s;
+  };
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Create(
     Config config) {

@@ -35,6 +35,10 @@
 #include "telemetry/step_combiner.h"
 #include "telemetry/watch_hub.h"
 
+namespace meshrun::coordinator {
+class WorkerRegistry;
+}
+
 namespace meshrun::services {
 
 class CoordinatorTelemetry {
@@ -51,6 +55,14 @@ class CoordinatorTelemetry {
     absl::Duration history_max_age = absl::ZeroDuration();
     int64_t history_max_steps = 0;
   };
+
+  // The coordinator's Config::admit: a summary passes only from its host's current, ALIVE
+  // incarnation (WorkerRegistry::CheckCurrent), so late telemetry of an incarnation declared
+  // DEAD or replaced is refused (FAILED_PRECONDITION) and nothing of it is stored. A host the
+  // registry does not know (not yet re-registered after a coordinator restart) passes.
+  // `registry` must outlive the returned function.
+  static std::function<absl::Status(const std::string&, const std::string&)> RegistryFence(
+      coordinator::WorkerRegistry* registry);
 
   // Errors: those of HistoryStore::Create (the database path named).
   static absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> Create(Config config);

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
+#include "coordinator/worker_registry.h"
+
 namespace meshrun::services {
 namespace {
 
@@ -89,6 +92,64 @@ TEST_F(CoordinatorTelemetryTest, RestartResumesPendingStepsWithoutDuplicates) {
   // Ended: a third start resumes nothing.
   auto third = Open();
   EXPECT_TRUE(absl::IsNotFound(third->Accept(Host("a", 30, 1.0f)).status()));
+}
+
+// Late telemetry from a fenced incarnation (issue 18, partitions): once the registry declares
+// host a's incarnation DEAD (no heartbeat for the timeout, e.g. its link was cut), a summary it
+// sends after the heal is refused through the coordinator's own fence and nothing of it is
+// stored; so is one from the incarnation after a fresh one replaced it, and one that leaves the
+// incarnation out. The live host's summaries still pass.
+TEST_F(CoordinatorTelemetryTest, LateSummaryOfADeadIncarnationIsRefusedAndNotStored) {
+  FakeClock clock;
+  auto registry = coordinator::WorkerRegistry::Create(
+      {.heartbeat_timeout = absl::Seconds(10), .clock = &clock});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  for (const char* host : {"a", "b"}) {
+    ASSERT_TRUE((*registry)
+                    ->Register({.host = host, .address = std::string(host) + ":1",
+                                .incarnation = std::string("i") + host})
+                    .ok());
+  }
+  auto t = CoordinatorTelemetry::Create(
+      {.database = dir_ + "/telemetry.db",
+       .admit = CoordinatorTelemetry::RegistryFence(registry->get())});
+  ASSERT_TRUE(t.ok()) << t.status();
+  CoordinatorTelemetry& telemetry = **t;
+  ASSERT_TRUE(telemetry.DeclareJob("job-7", job_.spec()).ok());
+  ASSERT_TRUE(telemetry.StartJob(job_).ok());
+  const auto from = [](const std::string& host, const std::string& incarnation, int64_t step) {
+    v1::HostSummary s = Host(host, step, 1.0f);
+    s.set_incarnation(incarnation);
+    return s;
+  };
+  ASSERT_TRUE(telemetry.Accept(from("a", "ia", 1)).ok());
+  ASSERT_TRUE(telemetry.Accept(from("b", "ib", 1)).ok());
+
+  // a goes silent; b keeps heartbeating. After the timeout a is DEAD.
+  clock.Advance(absl::Seconds(6));
+  ASSERT_TRUE((*registry)->Heartbeat("b", "ib").ok());
+  clock.Advance(absl::Seconds(5));
+  ASSERT_TRUE((*registry)->Heartbeat("b", "ib").ok());
+  absl::StatusOr<int64_t> late = telemetry.Accept(from("a", "ia", 2));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+  EXPECT_NE(late.status().message().find("DEAD"), std::string::npos) << late.status();
+  EXPECT_TRUE(telemetry.Accept(from("b", "ib", 2)).ok());
+
+  // Healed, a registers afresh: the old incarnation stays fenced, and leaving it out is no way
+  // around the fence.
+  ASSERT_TRUE((*registry)->Register({.host = "a", .address = "a:1", .incarnation = "ia2"}).ok());
+  EXPECT_EQ(telemetry.Accept(from("a", "ia", 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(telemetry.Accept(from("a", "", 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Nothing of a's refused summaries was stored: its history ends at step 1, b's goes on.
+  EXPECT_EQ(*telemetry.history().PersistedThroughStep("job-7", "a"), 1);
+  EXPECT_EQ(*telemetry.history().PersistedThroughStep("job-7", "b"), 2);
+  auto stored = telemetry.history().ReadHostSummaries("job-7", 1);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const v1::HostSummary& s : *stored) EXPECT_EQ(s.host(), "b") << s.ShortDebugString();
+  EXPECT_EQ(telemetry.LatestStep("job-7"), 2);  // from b; a's refused step 3 counts nowhere
 }
 
 }  // namespace

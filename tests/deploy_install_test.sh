@@ -13,7 +13,8 @@ source "$src/tests/cluster_lib.sh"
 prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || fail "cmake --install failed"
 for f in bin/meshrun bin/meshrun-coordinator bin/meshrun-worker \
-         lib/systemd/system/meshrun-coordinator.service lib/systemd/system/meshrun-worker.service; do
+         lib/systemd/system/meshrun-coordinator.service lib/systemd/system/meshrun-worker.service \
+         lib/sysusers.d/meshrun.conf; do
   [ -e "$prefix/$f" ] || fail "not installed: $f"
 done
 "$prefix/bin/meshrun-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --pjrt_plugin= \

@@ -10,8 +10,10 @@
 #   2. the coordinator cut off from every worker for 1 s mid-job: the workers keep stepping and
 #      buffer telemetry; after the heal every step's summary is there exactly once;
 #   3. host-b's link cut mid-job: within 2 heartbeat timeouts the job FAILS naming host-b;
-#      after the heal host-b's old incarnation is fenced (its job stopped) and it registers
-#      again as a fresh incarnation.
+#      after the heal host-b's old incarnation is fenced (its job stopped, its late telemetry
+#      refused: the job's history holds each step at most once) and it registers again as a
+#      fresh incarnation.
+# After 1, the Python SDK (meshrun.Client, in node cli) reads the job and the workers.
 # Usage: netns_cluster_test.sh <directory of the binaries> <source directory>
 # Exits 77 (skipped) without root / namespaces, the fortunes text or the project's Python.
 set -euo pipefail
@@ -50,6 +52,35 @@ cli submit "$lm/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --wait=60s 
 grep -q "mesh.host_replicas is 3 but the hosts form 2 slices" "$tmp/three.txt" \
   || fail "3 replicas over 2 slices: unclear refusal: $(cat "$tmp/three.txt")"
 echo "1. dp4x2 across namespaces and 2 slices: SUCCEEDED; $(grep -m1 "ASSIGNED" "$tmp/coordinator.log" | sed 's/.*ASSIGNED: //')"
+# The Python SDK reaches the coordinator over the bridge too (from node cli): the job and the
+# fleet as the CLI saw them.
+bash "$src/scripts/install_sdk.sh" >"$tmp/install_sdk.log" 2>&1 \
+  || fail "installing the SDK into .venv: $(cat "$tmp/install_sdk.log")"
+main_job=$(head -1 "$tmp/main.txt")
+netns_run cli "$src/.venv/bin/python" - "10.213.0.10:$port" "$main_job" >"$tmp/sdk.txt" 2>&1 <<'EOF' \
+  || fail "the SDK over the bridge: $(cat "$tmp/sdk.txt")"
+import sys
+import meshrun
+from meshrun.v1 import coordinator_pb2, job_pb2
+address, job_id = sys.argv[1:3]
+with meshrun.Client(address, timeout=10) as client:
+    job = client.get(job_id)
+    assert job_pb2.JobState.Name(job.state) == "JOB_STATE_SUCCEEDED", job
+    assert list(job.mesh.replica_hosts) == ["host-a", "host-b"], job.mesh.replica_hosts
+    assert job.mesh.num_slices == 2 and dict(job.mesh.host_slices) == {"host-a": 0, "host-b": 1}, job.mesh
+    assert job_id in [j.job_id for j in client.list()]
+    workers = {w.registration.host: w for w in client.workers()}
+    assert sorted(workers) == ["host-a", "host-b"], sorted(workers)
+    for host, address, index in (("host-a", "10.213.0.11", 0), ("host-b", "10.213.0.12", 1)):
+        w = workers[host]
+        assert coordinator_pb2.WorkerState.Name(w.state) == "WORKER_STATE_ALIVE", w
+        assert w.registration.address.startswith(address + ":"), w.registration.address
+        assert w.registration.slice_id == index and w.registration.num_slices == 2, w.registration
+        assert len(w.registration.devices) == 4, w.registration.devices
+print(f"sdk over the bridge: {job_id} SUCCEEDED on {', '.join(job.mesh.replica_hosts)}; "
+      f"workers {', '.join(f'{h}@{w.registration.address}' for h, w in sorted(workers.items()))}")
+EOF
+echo "   $(cat "$tmp/sdk.txt")"
 
 # 2. The coordinator cut off from all workers for 1 s (less than the heartbeat timeout).
 steps=40
@@ -104,4 +135,12 @@ new_incarnation=$(incarnations | tail -1)
 [ -n "$old_incarnation" ] && [ "$new_incarnation" != "$old_incarnation" ] \
   || fail "host-b did not register a fresh incarnation ($old_incarnation -> $new_incarnation)"
 echo "   healed: host-b stopped job $job, registered again as $new_incarnation (was $old_incarnation)"
+# host-b's old incarnation sent summaries it had buffered while cut off; the coordinator
+# refused them (fenced), so the job's exported history holds each step at most once.
+cli export "$job" --format=csv --series=metrics.loss --out="$tmp/partition.csv" 2>/dev/null \
+  || fail "job 3: export failed"
+[ "$(wc -l <"$tmp/partition.csv")" -gt 5 ] || fail "job 3: too few rows: $(cat "$tmp/partition.csv")"
+awk -F, 'FNR > 1 { if (++n[$1] > 1) { printf "step %s: %d rows\n", $1, n[$1]; bad = 1 } }
+  END { exit bad }' "$tmp/partition.csv" || fail "job 3: a step's summary stored twice after the heal"
+echo "   job $job's history after the heal: $(($(wc -l <"$tmp/partition.csv") - 1)) steps, none twice"
 echo "netns_cluster_test: all checks passed"

@@ -3,7 +3,8 @@
 # --hang_timeout=8s and a heartbeat timeout (60s) far longer, two workers of 4 CPU devices
 # running transformer_lm/dp4x2.
 #   1. Straggler: host-b is throttled (SIGSTOP/SIGCONT pulses, ~6/7 of its time stopped): the
-#      straggler detector flags it, in `meshrun get` (straggler_hosts) and in /metrics
+#      straggler detector flags it, in `meshrun get` (the `stragglers:` line; straggler_hosts
+#      in textproto) and in /metrics
 #      (meshrun_host_straggler{job_id,host}), and on the dashboard (headless Chromium in the
 #      CLI's namespace: the job header, its row and host-b's worker row); host-a is never flagged.
 #   2. Hang: host-b is SIGSTOPped mid-job: it neither steps nor heartbeats,
@@ -29,15 +30,16 @@ wait_for "$tmp/watch.txt" "^ *5 " || wait_for "$tmp/watch.txt" "^ *5 " || fail "
 pulser=$!
 pids+=($pulser)
 http_port=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
-flagged() {  # in `meshrun get` and in /metrics, while the throttling goes on
+flagged() {  # in `meshrun get` (textproto and text) and in /metrics, while the throttling goes on
   cli --output=textproto get "$job" >"$tmp/get.txt" && grep -q 'straggler_hosts: "host-b"' "$tmp/get.txt" &&
+    cli get "$job" >"$tmp/get_text.txt" && grep -Eq '^stragglers: +host-b$' "$tmp/get_text.txt" &&
     netns_run cli curl -fsS "http://10.213.0.10:$http_port/metrics" >"$tmp/metrics.txt" &&
     grep "^meshrun_host_straggler{" "$tmp/metrics.txt" | grep "job_id=\"$job\"" \
       | grep -q "host=\"host-b\"} 1$"
 }
 seen=0
 for _ in $(seq 100); do if flagged; then seen=1; break; fi; sleep 0.2; done
-[ $seen = 1 ] || fail "host-b not flagged: $(grep straggler "$tmp/get.txt" "$tmp/metrics.txt")"
+[ $seen = 1 ] || fail "host-b not flagged: $(grep straggler "$tmp/get.txt" "$tmp/get_text.txt" "$tmp/metrics.txt")"
 grep -q 'straggler_hosts: "host-a"' "$tmp/get.txt" && fail "host-a flagged"
 [ -d "$src/web/node_modules/playwright-core" ] || fail "playwright-core missing (run scripts/setup.sh)"
 netns_run cli node "$src/tests/netns/dashboard_straggler.mjs" "$src/web" \

@@ -1,12 +1,15 @@
 // Command check decodes every Kubernetes manifest under the given directories strictly into
 // the official API types (k8s.io/api, sigs.k8s.io/jobset): an unknown or misspelled field, a
-// wrong type or an unknown kind fails, naming the file, the document and the field.
+// wrong type or an unknown kind fails, naming the file, the document and the field. With
+// -flags, the command lines the pods run are checked against the built binaries (args.go).
 //
-//	go run . ../    # exits 1 on the first bad document, 0 when all decode
+//	go run . ../                        # exits 1 on the first bad document, 0 when all decode
+//	go run . -flags ../../../build/services ../
 package main
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,30 +43,39 @@ func target(t typeMeta) (any, error) {
 	return nil, fmt.Errorf("kind %s/%s is not one this check knows", t.APIVersion, t.Kind)
 }
 
-func checkFile(path string) (int, error) {
+// checkFile decodes every document of `path`; with a checker (-flags) it also checks the pods'
+// command lines. Returns the documents decoded and the command lines checked.
+func checkFile(path string, args *argChecker) (int, int, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n := 0
+	n, lines := 0, 0
 	for i, doc := range bytes.Split(data, []byte("\n---")) {
 		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
 			continue
 		}
 		var t typeMeta
 		if err := yaml.Unmarshal(doc, &t); err != nil {
-			return n, fmt.Errorf("%s document %d: %v", path, i+1, err)
+			return n, lines, fmt.Errorf("%s document %d: %v", path, i+1, err)
 		}
 		obj, err := target(t)
 		if err != nil {
-			return n, fmt.Errorf("%s document %d: %v", path, i+1, err)
+			return n, lines, fmt.Errorf("%s document %d: %v", path, i+1, err)
 		}
 		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
-			return n, fmt.Errorf("%s document %d (%s): %v", path, i+1, t.Kind, err)
+			return n, lines, fmt.Errorf("%s document %d (%s): %v", path, i+1, t.Kind, err)
 		}
 		n++
+		if args != nil {
+			checked, err := args.checkPods(fmt.Sprintf("%s document %d", path, i+1), obj)
+			lines += checked
+			if err != nil {
+				return n, lines, err
+			}
+		}
 	}
-	return n, nil
+	return n, lines, nil
 }
 
 func stripComments(doc []byte) []byte {
@@ -77,12 +89,18 @@ func stripComments(doc []byte) []byte {
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: check <directory or file>...")
+	binDir := flag.String("flags", "", "folder of the built meshrun binaries: check the pods' command lines against them")
+	flag.Parse()
+	if flag.NArg() < 1 {
+		fmt.Fprintln(os.Stderr, "usage: check [-flags BINDIR] <directory or file>...")
 		os.Exit(2)
 	}
+	var args *argChecker
+	if *binDir != "" {
+		args = &argChecker{binDir: *binDir, known: map[string]map[string]bool{}}
+	}
 	total := 0
-	for _, arg := range os.Args[1:] {
+	for _, arg := range flag.Args() {
 		files, _ := filepath.Glob(filepath.Join(arg, "*.yaml"))
 		if strings.HasSuffix(arg, ".yaml") {
 			files = []string{arg}
@@ -92,12 +110,15 @@ func main() {
 			os.Exit(1)
 		}
 		for _, f := range files {
-			n, err := checkFile(f)
+			n, lines, err := checkFile(f, args)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "FAIL:", err)
 				os.Exit(1)
 			}
 			fmt.Printf("%s: %d documents decode strictly\n", f, n)
+			if args != nil {
+				fmt.Printf("%s: %d meshrun command lines use known flags, TLS beyond loopback, mounted files\n", f, lines)
+			}
 			total += n
 		}
 	}
