@@ -7,8 +7,9 @@
 #   2. resumed from step 20 on the same mesh: steps 21..30 give the uninterrupted losses within
 #      1e-6 relative; on another mesh (dp8) within 1e-5, and that dp8 run's own checkpoint of
 #      step 25 resumed on dp4_tp2 within 1e-5;
-#   3. refusals at submit: a missing --checkpoint_dir, a partial checkpoint, a checkpoint whose
-#      arrays are not the job's state; a flipped byte fails the resumed job naming array and chunk;
+#   3. refusals at submit: a missing --checkpoint_dir, a partial checkpoint or an unknown job to
+#      resume from (naming --resume_from), a bad --max_restarts, a checkpoint whose arrays are not
+#      the job's state; a flipped byte fails the resumed job naming array and chunk;
 #   4. a full disk (a 16 KiB tmpfs): the checkpoint fails, the job SUCCEEDS, the manifest says why
 #      (mounting a tmpfs needs root: without it the other checks still run, then exit 77, skipped);
 #   5. `meshrun checkpoint <job>` saves a running job now; SIGTERM to the worker (a preemption)
@@ -67,8 +68,9 @@ done
 grep -q "^ok:" "$tmp/orbax.txt" || fail "orbax/tensorstore disagree with JAX"
 
 # 2. Resume: same mesh exactly, another mesh within its reduction order's rounding.
-run "$mlp/dp4_tp2/job.json" same_mesh --steps=30 --resume_from="$ck/20"
+run "$mlp/dp4_tp2/job.json" same_mesh --steps=30 --resume_from="$ck/20" --max_restarts=0
 grep -q "restored_step: 20" "$tmp/same_mesh.txt" || fail "no restored_step: $(cat "$tmp/same_mesh.txt")"
+grep -q "max_restarts: 0" "$tmp/same_mesh.txt" || fail "--max_restarts=0 not in the spec"
 compare "$tmp/full.csv" "$tmp/same_mesh.csv" 10 1e-6 "resumed at 20 (dp4_tp2)" \
   || fail "the resumed run does not continue the uninterrupted one"
 mkdir -p "$tmp/ck_dp8"
@@ -90,7 +92,11 @@ refused() {  # pattern, submit args...: submit must fail and say `pattern`
 refused "--checkpoint_dir $tmp/nowhere is not a directory" "$mlp/dp8/job.json" \
   --checkpoint_dir="$tmp/nowhere"
 mkdir -p "$ck/40.meshrun-tmp"
-refused "is a partial checkpoint" "$mlp/dp8/job.json" --resume_from="$ck/40.meshrun-tmp"
+refused "error: --resume_from: .* is a partial checkpoint" "$mlp/dp8/job.json" \
+  --resume_from="$ck/40.meshrun-tmp"
+refused "error: --resume_from: job-999 is neither a checkpoint directory here nor a job id" \
+  "$mlp/dp8/job.json" --resume_from=job-999
+refused "error: --max_restarts is -2; it must be >= 0" "$mlp/dp8/job.json" --max_restarts=-2
 refused "spec.resume_from holds no array state" "$src/examples/transformer_lm/dp8/job.json" \
   --resume_from="$ck/30"
 printf '\x7f' | dd of="$ck/30/params.w1/0.0" bs=1 seek=5 conv=notrunc 2>/dev/null
