@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -223,6 +224,22 @@ absl::StatusOr<std::string> Commit(const std::string& root,
 void Discard(const std::string& root, int64_t step) {
   std::error_code error;
   fs::remove_all(TempStepDir(root, step), error);
+}
+
+std::vector<int64_t> DiscardAllTemp(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (entry.is_directory() && absl::EndsWith(name, kTempSuffix) &&
+        IsStepName(name.substr(0, name.size() - std::strlen(kTempSuffix)), &step)) {
+      steps.push_back(step);
+    }
+  }
+  for (int64_t step : steps) Discard(root, step);
+  std::sort(steps.begin(), steps.end());
+  return steps;
 }
 
 std::vector<int64_t> CommittedSteps(const std::string& root) {

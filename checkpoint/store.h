@@ -55,6 +55,9 @@ absl::StatusOr<std::string> Commit(const std::string& root, const v1::Checkpoint
 
 // Removes a step's temp directory (a failed checkpoint). Missing is fine.
 void Discard(const std::string& root, int64_t step);
+// Removes every step's temp directory under `root` (a run that ended with checkpoints never
+// committed) and returns their steps. Committed steps are untouched.
+std::vector<int64_t> DiscardAllTemp(const std::string& root);
 
 // Steps committed under `root`, ascending.
 std::vector<int64_t> CommittedSteps(const std::string& root);

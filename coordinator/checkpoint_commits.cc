@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,16 +22,30 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
     return absl::FailedPreconditionError(
         absl::StrCat("job ", report.job_id(), " has no checkpoint policy"));
   }
+  if (IsFinal(job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", report.job_id(), " already ended ", JobStateName(job.state()),
+        "; its checkpoint of step ", report.step(), " is not committed"));
+  }
+  // A host that survived a restart keeps its incarnation: the run number tells its old run's
+  // late report from the new run's.
+  if (report.attempt() != job.attempts_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint of step ", report.step(), " is from run ", report.attempt() + 1,
+        " of job ", report.job_id(), ", which restarted since (now run ",
+        job.attempts_size() + 1, "); it is not committed"));
+  }
   auto member = job.host_incarnations().find(report.host());
   if (member == job.host_incarnations().end() || member->second != report.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "host ", report.host(), " incarnation ", report.incarnation(), " is not part of job ",
         report.job_id()));
   }
+  const Key key{report.job_id(), report.attempt(), report.step()};
   Step done;
   {
     absl::MutexLock lock(&mu_);
-    Step& step = steps_[{report.job_id(), report.step()}];
+    Step& step = steps_[key];
     step.hosts.insert(report.host());
     v1::CheckpointManifest& manifest = step.manifest;
     manifest.set_job_id(report.job_id());
@@ -58,9 +74,39 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
       return absl::OkStatus();
     }
     done = std::move(step);
-    steps_.erase({report.job_id(), report.step()});
+    steps_.erase(key);
+  }
+  // The run may have ended while the reports came in (Forget then ran before this step was
+  // complete): its checkpoint is not the job's any more.
+  ASSIGN_OR_RETURN(job, jobs_->Get(report.job_id()));
+  if (IsFinal(job.state()) || job.attempts_size() != report.attempt()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", report.attempt() + 1, " of job ", report.job_id(),
+        " ended before its checkpoint of step ", report.step(), " was complete"));
   }
   return Finish(job, std::move(done));
+}
+
+void CheckpointCommits::Forget(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = steps_.lower_bound(Key{job_id, std::numeric_limits<int>::min(),
+                                     std::numeric_limits<int64_t>::min()});
+    while (it != steps_.end() && std::get<0>(it->first) == job_id) it = steps_.erase(it);
+  }
+  absl::StatusOr<v1::JobManifest> job = jobs_->Get(job_id);
+  if (!job.ok() || !job->spec().has_checkpoint()) return;
+  const std::vector<int64_t> discarded =
+      checkpoint::DiscardAllTemp(job->spec().checkpoint().directory());
+  if (!discarded.empty()) {
+    spdlog::info("job {}: discarded {} uncommitted checkpoint(s) of its run, the newest of step {}",
+                 job_id, discarded.size(), discarded.back());
+  }
+}
+
+size_t CheckpointCommits::pending() const {
+  absl::MutexLock lock(&mu_);
+  return steps_.size();
 }
 
 absl::Status CheckpointCommits::Finish(const v1::JobManifest& job, Step step) {

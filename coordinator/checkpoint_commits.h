@@ -4,13 +4,19 @@
 // place, older steps beyond keep_last deleted). A step any host failed is discarded. Either
 // way the job's manifest records it (JobManifest.checkpoints).
 //
-// Thread-safety: Report may be called concurrently. Lifetime: borrows the JobTable, which must
-// outlive it.
+// Reports are collected per run (JobManifest.attempts' size): a host that survives a restart
+// keeps its incarnation, so only the run number tells its old run's late report from the new
+// run's, and an old run's report never completes a new run's commit. Forget drops a job's
+// pending reports when the run ends.
+//
+// Thread-safety: Report and Forget may be called concurrently. Lifetime: borrows the JobTable,
+// which must outlive it.
 #pragma once
 
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -27,9 +33,18 @@ class CheckpointCommits {
 
   // One host's report. Commits or discards the step when it is the last host's.
   // Errors: INVALID_ARGUMENT (job_id, host or step missing), NOT_FOUND (unknown job),
-  // FAILED_PRECONDITION (the job has no checkpoint policy; the incarnation is not the job's);
-  // the commit's file errors (the step is then recorded as failed).
+  // FAILED_PRECONDITION (the job has no checkpoint policy; the incarnation is not the job's;
+  // the report is from an earlier run, named, or the job ended); the commit's file errors (the
+  // step is then recorded as failed).
   absl::Status Report(const v1::ReportCheckpointRequest& report);
+
+  // The job's run ended (a restart, a failure, the job's end): drops its pending reports and
+  // removes the temp step directories (<step>.meshrun-tmp) of its checkpoints that were never
+  // committed. A checkpoint directory belongs to one job at a time (docs/checkpoints.md).
+  void Forget(const std::string& job_id);
+
+  // Steps with reports pending, over all jobs (for tests).
+  size_t pending() const;
 
  private:
   struct Step {
@@ -41,8 +56,10 @@ class CheckpointCommits {
   absl::Status Finish(const v1::JobManifest& job, Step step);
 
   JobTable* const jobs_;
-  absl::Mutex mu_;
-  std::map<std::pair<std::string, int64_t>, Step> steps_ ABSL_GUARDED_BY(mu_);  // (job, step)
+  // (job, run, step)
+  using Key = std::tuple<std::string, int, int64_t>;
+  mutable absl::Mutex mu_;
+  std::map<Key, Step> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::coordinator

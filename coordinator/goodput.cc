@@ -3,24 +3,23 @@
 #include <algorithm>
 
 namespace meshrun::coordinator {
-namespace {
-
-// Seconds between two of the job's state entries; 0 when either is unknown or out of order.
-double Between(const v1::JobManifest& job, const char* from, const char* to) {
+double PhaseSeconds(const v1::JobManifest& job, const char* from, const char* to,
+                    absl::Time end) {
   const auto& entered = job.state_entered_unix_micros();
   auto a = entered.find(from), b = entered.find(to);
-  if (a == entered.end() || b == entered.end() || b->second < a->second) return 0;
-  return static_cast<double>(b->second - a->second) / 1e6;
+  if (a == entered.end()) return 0;
+  const int64_t until = b != entered.end() ? b->second : absl::ToUnixMicros(end);
+  return until < a->second ? 0 : static_cast<double>(until - a->second) / 1e6;
 }
-
-}  // namespace
 
 void StepTimes::Add(const v1::GlobalSummary& summary) {
   absl::MutexLock lock(&mu_);
   StepTiming& t = jobs_[summary.job_id()];
   std::map<int64_t, double>& steps = steps_[summary.job_id()];
   const absl::Time wall = absl::FromUnixMicros(summary.wall_time_unix_micros());
+  bool rewound = false;
   if (!steps.empty() && summary.step() <= t.last_step) {
+    rewound = true;
     // A rewind: the steps from here on are computed again; what they took before is badput.
     const double mean = t.sampled_seconds / static_cast<double>(std::max<int64_t>(t.samples, 1));
     const int64_t lost = t.last_step - summary.step() + 1;
@@ -32,7 +31,7 @@ void StepTimes::Add(const v1::GlobalSummary& summary) {
     }
     t.last_step = summary.step() - 1;
   }
-  if (steps.empty()) {
+  if (steps.empty() || rewound) {  // the first step of this run's summaries
     t.first_step = summary.step();
     t.first_step_wall = wall;
     t.first_step_seconds = summary.step_time_seconds();
@@ -59,9 +58,12 @@ v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timi
   const double wall = std::max(0.0, absl::ToDoubleSeconds(end - created));
   out.set_wall_seconds(wall);
   auto& badput = *out.mutable_badput_seconds();
-  badput["waiting_for_hosts"] = Between(job, "PENDING", "ASSIGNED");
+  badput["waiting_for_hosts"] = PhaseSeconds(job, "PENDING", "ASSIGNED", end);
   badput["compile"] = job.compile_seconds();
-  badput["executable_transfer"] = Between(job, "LOADING", "RUNNING");
+  badput["executable_transfer"] = PhaseSeconds(job, "LOADING", "RUNNING", end);
+  for (const v1::JobAttempt& run : job.attempts()) {  // the runs that ended in a restart
+    for (const auto& [cause, seconds] : run.badput_seconds()) badput[cause] += seconds;
+  }
   double blocking = 0;
   for (const v1::CheckpointRecord& c : job.checkpoints()) blocking += c.blocking_seconds();
   badput["checkpoint_blocking"] = blocking;
@@ -71,9 +73,12 @@ v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timi
   double productive = 0;
   if (timing != nullptr && timing->samples > 0) {
     const double mean = timing->sampled_seconds / static_cast<double>(timing->samples);
-    // Steps before the first summarized one (cadence > 1) at the mean step time.
+    // Steps before the first summarized one (cadence > 1) at the mean step time. The steps
+    // kept count from where the first run started; this run's startup from where it did.
     const int64_t base = std::max<int64_t>(job.restored_step(), 0);
-    const int64_t kept = std::max<int64_t>(timing->last_step - base, 0);
+    const int64_t first_base =
+        job.attempts_size() > 0 ? std::max<int64_t>(job.attempts(0).start_step(), 0) : base;
+    const int64_t kept = std::max<int64_t>(timing->last_step - first_base, 0);
     productive = mean * static_cast<double>(kept);
     badput["rerun_steps"] = timing->rerun_seconds;
     // Running until the first step started: init, or the checkpoint's restore.

@@ -9,6 +9,11 @@
 // checkpoint and re-running steps): the steps it re-runs are badput "rerun_steps", each step
 // counts once in productive time.
 //
+// A job restarted automatically (JobManifest.attempts) adds up its runs: each ended run's
+// waiting, compile and transfer as JobAttempt.badput_seconds kept them, the current run's from
+// its state times; productive time counts the steps kept from the first run's start step. An
+// ended run's init or restore time is not kept ("other").
+//
 // StepTimes lives in memory: after a coordinator restart a running job's goodput counts only
 // the summaries since.
 //
@@ -52,6 +57,11 @@ class StepTimes {
   // discards).
   std::map<std::string, std::map<int64_t, double>> steps_ ABSL_GUARDED_BY(mu_);
 };
+
+// Seconds the job's current run spent from entering state `from` to entering `to`, or to
+// `end` when the run never entered `to` (it is still there, or ended there); 0 when it never
+// entered `from`. State names as JobStateName.
+double PhaseSeconds(const v1::JobManifest& job, const char* from, const char* to, absl::Time end);
 
 // The goodput of `job` at `now` (its end when it has ended). `timing` may be null (no step
 // summarized yet: productive time 0).

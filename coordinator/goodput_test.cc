@@ -1,8 +1,10 @@
 // Goodput from a job's state timestamps, compile time, checkpoint blocking and the step times of
-// its summaries, including a rewind's re-run steps.
+// its summaries, including a rewind's re-run steps and a job restarted by automatic recovery.
 #include "coordinator/goodput.h"
 
 #include <gtest/gtest.h>
+
+#include "coordinator/job_table.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -89,6 +91,77 @@ TEST(GoodputTest, NoStepYet) {
   FillGoodput(times, absl::FromUnixMicros(kStart + 4'000'000), &job);
   EXPECT_DOUBLE_EQ(job.goodput().wall_seconds(), 4);
   EXPECT_DOUBLE_EQ(job.goodput().ratio(), 0);
+}
+
+// Sum of a goodput's badput, every cause but "other" (which fills up to the wall time).
+double Badput(const v1::JobGoodput& g) {
+  double sum = 0;
+  for (const auto& [cause, seconds] : g.badput_seconds()) {
+    if (cause != "other") sum += seconds;
+  }
+  return sum;
+}
+
+TEST(GoodputTest, RestartAddsUpTheRunsWithinWallTime) {
+  FakeClock clock;
+  auto table = JobTable::Create({.clock = &clock}).value();
+  StepTimes times;
+  const absl::Time t0 = clock.Now();
+  auto at = [&](double seconds) { return t0 + absl::Seconds(seconds); };
+  auto summary = [&](int64_t step, double wall) {
+    v1::GlobalSummary s;
+    s.set_job_id("job-1");
+    s.set_step(step);
+    s.set_step_time_seconds(1.0);
+    s.set_wall_time_unix_micros(absl::ToUnixMicros(at(wall)));
+    times.Add(s);
+  };
+  auto move = [&](double seconds, v1::JobState to) {
+    clock.Advance(at(seconds) - clock.Now());
+    ASSERT_TRUE(table->Transition("job-1", to).ok());
+  };
+  v1::JobSpec spec;
+  spec.mutable_checkpoint()->set_directory("/ck");
+  ASSERT_EQ(table->Add(spec), "job-1");
+  // Run 1: 2 s waiting, compile 1 s of 1.5 s assigned, 0.5 s transfer, 1 s init, then steps
+  // 1..50 of 1 s each; a host dies at 56 s. The checkpoint of step 30 is the newest.
+  move(2, v1::JOB_STATE_ASSIGNED);
+  ASSERT_TRUE(table->Update("job-1", [](v1::JobManifest& m) { m.set_compile_seconds(1); }).ok());
+  move(3.5, v1::JOB_STATE_LOADING);
+  move(4, v1::JOB_STATE_RUNNING);
+  for (int s = 1; s <= 50; ++s) summary(s, 5 + s);
+  ASSERT_TRUE(table->Update("job-1", [](v1::JobManifest& m) { m.set_last_step(50); }).ok());
+  clock.Advance(at(56) - clock.Now());
+  ASSERT_TRUE(table->Restart("job-1", "host-b", "host-b is DEAD", "/ck/30", 30, 0).ok());
+  // Waiting for hosts again: 4 s into the wait, the wait counts, run 1's time does not.
+  v1::JobManifest waiting = *table->Get("job-1");
+  FillGoodput(times, at(60), &waiting);
+  EXPECT_DOUBLE_EQ(waiting.goodput().badput_seconds().at("waiting_for_hosts"), 2 + 4);
+  EXPECT_LE(Badput(waiting.goodput()), waiting.goodput().wall_seconds());
+  // Run 2: 10 s waiting, a cache hit (no compile), 0.5 s transfer, 2 s restore, then steps
+  // 31..100; the job ends 1 s after its last step.
+  move(66, v1::JOB_STATE_ASSIGNED);
+  move(66.5, v1::JOB_STATE_LOADING);
+  move(67, v1::JOB_STATE_RUNNING);
+  for (int s = 31; s <= 100; ++s) summary(s, 69 + (s - 30));
+  move(140, v1::JOB_STATE_SUCCEEDED);
+  v1::JobManifest job = *table->Get("job-1");
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).start_step(), 0);
+  EXPECT_DOUBLE_EQ(job.attempts(0).badput_seconds().at("waiting_for_hosts"), 2);
+  EXPECT_DOUBLE_EQ(job.attempts(0).badput_seconds().at("compile"), 1);
+  FillGoodput(times, absl::InfiniteFuture(), &job);
+  const v1::JobGoodput& g = job.goodput();
+  EXPECT_DOUBLE_EQ(g.wall_seconds(), 140);
+  EXPECT_DOUBLE_EQ(g.productive_seconds(), 100);  // steps 1..100, each once
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("waiting_for_hosts"), 12);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("compile"), 1);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("executable_transfer"), 1);
+  EXPECT_NEAR(g.badput_seconds().at("restore"), 2, 1e-9);
+  EXPECT_DOUBLE_EQ(g.badput_seconds().at("rerun_steps"), 20);  // steps 31..50 of run 1
+  EXPECT_LE(Badput(g) + g.productive_seconds(), g.wall_seconds() + 1e-9);
+  // Run 1's init, its idle second, the compile slack and the end: 4 s.
+  EXPECT_NEAR(g.badput_seconds().at("other"), 4, 1e-9);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/goodput.h"
 
 namespace meshrun::coordinator {
 
@@ -152,11 +153,22 @@ absl::Status JobTable::Restart(const std::string& job_id, const std::string& hos
     return absl::AbortedError(absl::StrCat("job ", job_id, " restarted meanwhile (run ",
                                            job.attempts_size() + 1, ")"));
   }
+  const absl::Time now = config_.clock->Now();
   v1::JobAttempt* attempt = job.add_attempts();
   attempt->set_start_unix_micros(job.attempts_size() > 1
                                      ? job.attempts(job.attempts_size() - 2).end_unix_micros()
                                      : job.created_unix_micros());
-  attempt->set_end_unix_micros(absl::ToUnixMicros(config_.clock->Now()));
+  attempt->set_end_unix_micros(absl::ToUnixMicros(now));
+  attempt->set_start_step(job.restored_step());
+  // The states' times are the run's: keep what goodput needs of them, then start the next
+  // run's from its PENDING (else its waiting would span this whole run).
+  auto& badput = *attempt->mutable_badput_seconds();
+  badput["waiting_for_hosts"] = PhaseSeconds(job, "PENDING", "ASSIGNED", now);
+  badput["executable_transfer"] = PhaseSeconds(job, "LOADING", "RUNNING", now);
+  badput["compile"] = job.compile_seconds();
+  job.clear_compile_seconds();
+  job.mutable_state_entered_unix_micros()->clear();
+  (*job.mutable_state_entered_unix_micros())["PENDING"] = absl::ToUnixMicros(now);
   attempt->set_cause(cause);
   attempt->set_host(host);
   attempt->set_last_step(job.last_step());

@@ -68,8 +68,10 @@ class JobTable {
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error);
 
   // Ends the job's current run and makes it PENDING again, to start over from the checkpoint
-  // `resume_from` (step `restored_step`): records a JobAttempt (naming `host` and `cause`),
-  // clears the run's mesh and hosts. Errors: NOT_FOUND, FAILED_PRECONDITION (a final job).
+  // `resume_from` (step `restored_step`): records a JobAttempt (naming `host` and `cause`, with
+  // the run's time by goodput cause), clears the run's mesh, hosts, compile time and state
+  // times, and stamps the next run's PENDING now. Errors: NOT_FOUND, FAILED_PRECONDITION (a
+  // final job).
   // `expected_attempts`: the attempts the caller saw; ABORTED when another failure restarted
   // the job since (then nothing changes).
   absl::Status Restart(const std::string& job_id, const std::string& host,

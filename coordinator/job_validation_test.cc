@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/store.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -62,6 +64,61 @@ v1::JobSpec GoodSpec() {
 }
 
 TEST(JobValidationTest, AcceptsAWellFormedJob) { EXPECT_TRUE(ValidateJobSpec(AsExported(GoodSpec())).ok()); }
+
+// resume_from must hold every state array with the job's dtype and global shape: a checkpoint
+// of another shape is refused at submit, naming the array and the dimension.
+TEST(JobValidationTest, ResumeFromRefusesACheckpointOfAnotherShape) {
+  namespace fs = std::filesystem;
+  const std::string root = (fs::temp_directory_path() / "job_validation_resume").string();
+  fs::remove_all(root);
+  fs::create_directories(root);
+  v1::JobSpec spec = GoodSpec();
+  v1::Program* step = spec.mutable_programs(1);
+  v1::TensorSpec w;
+  w.set_name("state.w");
+  w.set_dtype("f32");
+  for (int64_t n : {4, 6}) w.add_shape(n);
+  for (auto* list : {step->mutable_inputs(), step->mutable_outputs()}) {  // the state first
+    *list->Add() = w;
+    std::rotate(list->rbegin(), list->rbegin() + 1, list->rend());
+  }
+  spec.set_state_count(1);
+  spec = AsExported(spec);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  // Commits a checkpoint of step `n` holding state.w with `dims`; returns its directory.
+  auto commit = [&](int64_t n, std::vector<int64_t> dims) {
+    checkpoint::ArrayChunks entry;
+    entry.array.set_name("state.w");
+    entry.array.set_leaf("w");
+    entry.array.set_dtype("f32");
+    for (int64_t d : dims) {
+      entry.array.add_shape(d);
+      entry.array.add_chunk_shape(d);
+    }
+    entry.chunks.push_back(
+        {std::string(dims.size() == 1 ? "0" : "0.0"),
+         runtime::HostArray::From(runtime::DType::kF32, dims,
+                                  std::vector<float>(dims.size() == 1 ? dims[0]
+                                                                      : dims[0] * dims[1]))});
+    v1::CheckpointManifest manifest;
+    manifest.set_step(n);
+    auto written = checkpoint::WriteChunks(checkpoint::TempStepDir(root, n), {entry});
+    for (const v1::CheckpointArray& a : written.value()) *manifest.add_arrays() = a;
+    return checkpoint::Commit(root, manifest, 0).value();
+  };
+  spec.set_resume_from(commit(10, {4, 6}));
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_resume_from(commit(20, {4, 5}));
+  absl::Status refused = ValidateJobSpec(spec);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            "spec.resume_from array state.w dimension 1 is 5 in the checkpoint, 6 in the job");
+  spec.set_resume_from(commit(30, {24}));
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "spec.resume_from array state.w is f32 of rank 1; the job's state input is f32 of "
+            "rank 2");
+  fs::remove_all(root);
+}
 
 TEST(JobValidationTest, EachRefusalNamesItsField) {
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {

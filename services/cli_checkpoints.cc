@@ -5,7 +5,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
-#include "common/status_macros.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "submit: save the job's state here (shared by every host and the coordinator); "
@@ -17,6 +16,11 @@ ABSL_FLAG(int32_t, keep_checkpoints, 3,
 ABSL_FLAG(std::string, resume_from, "",
           "submit: start from a checkpoint instead of init: a step directory, a checkpoint "
           "directory (its newest step) or a job id (its newest checkpoint)");
+
+ABSL_FLAG(int32_t, max_restarts, -1,
+          "submit: automatic restarts from the newest checkpoint after a host dies, fails or "
+          "is preempted (0 = none); -1 = the bundle's, else the coordinator's default (3 with "
+          "checkpoints)");
 
 namespace meshrun::services {
 
@@ -42,23 +46,40 @@ absl::Status ApplyCheckpointFlags(
     policy->set_every_steps(absl::GetFlag(FLAGS_checkpoint_every));
     policy->set_keep_last(absl::GetFlag(FLAGS_keep_checkpoints));
   }
+  if (const int32_t restarts = absl::GetFlag(FLAGS_max_restarts); restarts >= 0) {
+    spec.set_max_restarts(restarts);
+  } else if (restarts != -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_restarts is ", restarts, "; it must be >= 0 (0 = none), or -1 for the default"));
+  }
   const std::string resume = absl::GetFlag(FLAGS_resume_from);
   if (resume.empty()) return absl::OkStatus();
+  // Each error names the flag: the checkpoint's own errors name only the path.
+  auto named = [](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("--resume_from: ", status.message()));
+  };
   if (fs::exists(resume)) {
-    ASSIGN_OR_RETURN(std::string step_dir, checkpoint::ResolveCheckpoint(resume));
-    spec.set_resume_from(fs::absolute(step_dir).lexically_normal().string());
+    absl::StatusOr<std::string> step_dir = checkpoint::ResolveCheckpoint(resume);
+    if (!step_dir.ok()) return named(step_dir.status());
+    spec.set_resume_from(fs::absolute(*step_dir).lexically_normal().string());
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(v1::JobManifest job, get_job(resume));
-  for (int i = job.checkpoints_size() - 1; i >= 0; --i) {
-    const v1::CheckpointRecord& record = job.checkpoints(i);
+  absl::StatusOr<v1::JobManifest> job = get_job(resume);
+  if (!job.ok()) {
+    return named(absl::Status(
+        job.status().code(),
+        absl::StrCat(resume, " is neither a checkpoint directory here nor a job id (",
+                     job.status().message(), ")")));
+  }
+  for (int i = job->checkpoints_size() - 1; i >= 0; --i) {
+    const v1::CheckpointRecord& record = job->checkpoints(i);
     if (record.committed() && fs::exists(record.path())) {
       spec.set_resume_from(record.path());
       return absl::OkStatus();
     }
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--resume_from ", resume, ": job ", resume, " has no committed checkpoint on this machine"));
+  return named(absl::FailedPreconditionError(
+      absl::StrCat("job ", resume, " has no committed checkpoint on this machine")));
 }
 
 }  // namespace meshrun::services

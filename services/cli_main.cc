@@ -84,7 +84,7 @@ constexpr char kUsage[] =
     "  submit <bundle>      submit an exported bundle (its directory or job.json; --steps,\n"
     "                       --cadence, --data, --follow;\n"
     "                       --checkpoint_dir, --checkpoint_every, --keep_checkpoints,\n"
-    "                       --resume_from)\n"
+    "                       --resume_from, --max_restarts)\n"
     "  get <job-id>         a job's summary (state, mesh, runtime, compile, data, step, error;\n"
     "                       --output=json: the full manifest)\n"
     "  list                 list jobs\n"

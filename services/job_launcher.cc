@@ -177,6 +177,10 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
     ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
     if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled meanwhile
   }
+  if (!assigned.ok() && attempts > 0 && absl::IsFailedPrecondition(assigned.status())) {
+    GiveUpRestart(job, assigned.status());  // no more restarts: waiting again would not help
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(assigned.status());
   RETURN_IF_ERROR(booked);
   const v1::JobSpec& spec = job.spec();
@@ -441,7 +445,9 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
         }
         std::string host = report.host();
         std::string error =
-            report.state() == v1::JOB_STATE_FAILED ? report.error() : "stopped by the worker";
+            report.state() == v1::JOB_STATE_FAILED
+                ? report.error()
+                : "stopped by the worker (a preemption: SIGTERM or shutdown)";
         bool host_at_fault = true;
         // A host that lost a peer (a cross-host all-reduce) reports first; blame the peer.
         if (const std::string gone = report.state() == v1::JOB_STATE_FAILED
@@ -533,8 +539,8 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
 }
 
 absl::Status JobLauncher::Fail(const std::string& job_id, const std::string& host,
-                               const std::string& error, bool host_at_fault) {
-  if (MaybeRestart(job_id, host, error, host_at_fault)) return absl::OkStatus();
+                               const std::string& error, bool host_at_fault, bool may_restart) {
+  if (may_restart && MaybeRestart(job_id, host, error, host_at_fault)) return absl::OkStatus();
   RETURN_IF_ERROR(config_.jobs->Fail(job_id, host, error));
   spdlog::warn("job {} FAILED: {}", job_id, error);
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
@@ -556,6 +562,7 @@ void JobLauncher::FailHungJobs() {
 }
 
 void JobLauncher::Finished(const std::string& job_id) {
+  commits_.Forget(job_id);
   if (config_.programs != nullptr) config_.programs->Release(job_id);
   if (config_.telemetry != nullptr) config_.telemetry->EndJob(job_id);
   if (config_.progress != nullptr) config_.progress->EndJob(job_id);

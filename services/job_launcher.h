@@ -104,9 +104,9 @@ class JobLauncher {
   // telemetry; unless the job can restart (docs/checkpoints.md: a checkpoint policy, a
   // committed checkpoint, restarts left), which it then does. Errors: as JobTable::Fail.
   // `host_at_fault` false: the host only reported the failure (its checkpoint did not restore),
-  // so a restart may use it again.
+  // so a restart may use it again. `may_restart` false: the job fails even if it could restart.
   absl::Status Fail(const std::string& job_id, const std::string& host, const std::string& error,
-                    bool host_at_fault = true);
+                    bool host_at_fault = true, bool may_restart = true);
 
  private:
   absl::Status RunLaunch(const std::string& job_id, int attempts);
@@ -145,7 +145,11 @@ class JobLauncher {
   void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
                     const std::string& cause, bool host_at_fault = true);
-  // Called once a job reached a final state: its telemetry ends after what is pending.
+  // A restarted run found no hosts within restart_wait (`why`, the planner's answer): fails the
+  // job naming the previous run's cause and host, and the checkpoint to resume from.
+  void GiveUpRestart(const v1::JobManifest& job, const absl::Status& why);
+  // Called once a job reached a final state: its telemetry ends after what is pending, its
+  // uncommitted checkpoints are discarded.
   void Finished(const std::string& job_id);
   struct Peer {  // one channel per worker address, shared by its stub and the transfers
     std::shared_ptr<grpc::Channel> channel;

@@ -108,10 +108,22 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
   if (absl::IsAborted(restarted)) return true;  // another failure restarted it: handled
   if (!restarted.ok()) return false;            // ended meanwhile
   StopWorkers(*job);  // the old run's hosts, before the new run starts
+  commits_.Forget(job_id);  // the old run's uncommitted checkpoints
   spdlog::warn("job {} RESTARTING from its checkpoint of step {} (run {} of at most {}): {}",
                job_id, newest->step(), job->attempts_size() + 2, max_restarts + 1, cause);
   Launch(job_id, job->attempts_size() + 1);
   return true;
+}
+
+void JobLauncher::GiveUpRestart(const v1::JobManifest& job, const absl::Status& why) {
+  const v1::JobAttempt& ended = job.attempts(job.attempts_size() - 1);
+  const std::string error = absl::StrCat(
+      "no healthy hosts to restart on within --restart_wait=",
+      absl::FormatDuration(config_.restart_wait), " (", why.message(), "); run ",
+      job.attempts_size(), " had ended: ", ended.cause(), "; resume from its checkpoint of step ",
+      ended.restored_step(), " with --resume_from=", job.job_id());
+  Fail(job.job_id(), ended.host(), error, /*host_at_fault=*/true, /*may_restart=*/false)
+      .IgnoreError();  // cancelled meanwhile
 }
 
 }  // namespace meshrun::services

@@ -67,7 +67,10 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
                         .mesh_axes = axes,
                         .mesh_shape = shape,
                         .writes = context.writes,
-                        .report = [stub = context.coordinator](v1::ReportCheckpointRequest r) {
+                        .report = [stub = context.coordinator,
+                                   attempt = manifest.attempts_size()](
+                                      v1::ReportCheckpointRequest r) {
+                          r.set_attempt(attempt);  // which run: a late one is refused
                           SendReport(stub, r);
                         },
                         .metrics = context.metrics}));

@@ -7,11 +7,15 @@
 #   2. resumed from step 20 on the same mesh: steps 21..30 give the uninterrupted losses within
 #      1e-6 relative; on another mesh (dp8) within 1e-5, and that dp8 run's own checkpoint of
 #      step 25 resumed on dp4_tp2 within 1e-5;
-#   3. refusals at submit: a missing --checkpoint_dir, a partial checkpoint, a checkpoint whose
-#      arrays are not the job's state; a flipped byte fails the resumed job naming array and chunk;
-#   4. a full disk (a 16 KiB tmpfs): the checkpoint fails, the job SUCCEEDS, the manifest says why;
+#   3. refusals at submit: a missing --checkpoint_dir, a partial checkpoint or an unknown job to
+#      resume from (naming --resume_from), a bad --max_restarts, a checkpoint whose arrays are not
+#      the job's state; a flipped byte fails the resumed job naming array and chunk;
+#   4. a full disk (a 16 KiB tmpfs): the checkpoint fails, the job SUCCEEDS, the manifest says why
+#      (mounting a tmpfs needs root: without it the other checks still run, then exit 77, skipped);
 #   5. `meshrun checkpoint <job>` saves a running job now; SIGTERM to the worker (a preemption)
-#      saves the step it finishes: the newest checkpoint is the job's last step, nothing lost.
+#      saves the step it finishes: the manifest's first attempt (the preempted run) ended at the
+#      newest committed checkpoint's step, 0 steps lost; with no other host to restart on, the job
+#      fails after --restart_wait saying so.
 # Usage: checkpoint_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -20,7 +24,7 @@ mlp="$src/examples/mlp_classifier"
 python="$src/.venv/bin/python"
 source "$(dirname "$0")/cluster_lib.sh"
 "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" --data_root="$tmp" \
-  --heartbeat_timeout=3s >"$tmp/coordinator.log" 2>&1 &
+  --heartbeat_timeout=3s --restart_wait=3s >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 start_worker() {
@@ -64,8 +68,9 @@ done
 grep -q "^ok:" "$tmp/orbax.txt" || fail "orbax/tensorstore disagree with JAX"
 
 # 2. Resume: same mesh exactly, another mesh within its reduction order's rounding.
-run "$mlp/dp4_tp2/job.json" same_mesh --steps=30 --resume_from="$ck/20"
+run "$mlp/dp4_tp2/job.json" same_mesh --steps=30 --resume_from="$ck/20" --max_restarts=0
 grep -q "restored_step: 20" "$tmp/same_mesh.txt" || fail "no restored_step: $(cat "$tmp/same_mesh.txt")"
+grep -q "max_restarts: 0" "$tmp/same_mesh.txt" || fail "--max_restarts=0 not in the spec"
 compare "$tmp/full.csv" "$tmp/same_mesh.csv" 10 1e-6 "resumed at 20 (dp4_tp2)" \
   || fail "the resumed run does not continue the uninterrupted one"
 mkdir -p "$tmp/ck_dp8"
@@ -87,7 +92,11 @@ refused() {  # pattern, submit args...: submit must fail and say `pattern`
 refused "--checkpoint_dir $tmp/nowhere is not a directory" "$mlp/dp8/job.json" \
   --checkpoint_dir="$tmp/nowhere"
 mkdir -p "$ck/40.meshrun-tmp"
-refused "is a partial checkpoint" "$mlp/dp8/job.json" --resume_from="$ck/40.meshrun-tmp"
+refused "error: --resume_from: .* is a partial checkpoint" "$mlp/dp8/job.json" \
+  --resume_from="$ck/40.meshrun-tmp"
+refused "error: --resume_from: job-999 is neither a checkpoint directory here nor a job id" \
+  "$mlp/dp8/job.json" --resume_from=job-999
+refused "error: --max_restarts is -2; it must be >= 0" "$mlp/dp8/job.json" --max_restarts=-2
 refused "spec.resume_from holds no array state" "$src/examples/transformer_lm/dp8/job.json" \
   --resume_from="$ck/30"
 printf '\x7f' | dd of="$ck/30/params.w1/0.0" bs=1 seek=5 conv=notrunc 2>/dev/null
@@ -97,6 +106,7 @@ grep -q "array state.params.w1 chunk 0.0.*corrupted" "$tmp/corrupt.txt" \
   || fail "corruption not named: $(grep error "$tmp/corrupt.txt")"
 
 # 4. A full disk fails the checkpoint, not the job.
+disk_full_skipped=
 if mkdir -p "$tmp/full_disk" && mount -t tmpfs -o size=16k tmpfs "$tmp/full_disk" 2>/dev/null; then
   trap 'umount "$tmp/full_disk" 2>/dev/null || true; cleanup' EXIT
   run "$mlp/dp8/job.json" disk_full --steps=10 --checkpoint_dir="$tmp/full_disk"
@@ -105,7 +115,8 @@ if mkdir -p "$tmp/full_disk" && mount -t tmpfs -o size=16k tmpfs "$tmp/full_disk
   cli metrics w8 | grep -A1 "Counter: CheckpointFailures" | grep -q "Value: [1-9]" \
     || fail "CheckpointFailures not counted"
 else
-  echo "skipped the full-disk case: cannot mount a tmpfs here (not root?)"
+  disk_full_skipped=1
+  echo "SKIP (at the end): the full-disk case cannot mount a tmpfs here (not root?)"
 fi
 
 # 5. Save now, then a preemption.
@@ -119,10 +130,31 @@ cli --output=textproto get "$job" | grep -q "committed: true" || fail "meshrun c
 kill -TERM "$worker"
 for _ in $(seq 300); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$worker" 2>/dev/null && fail "the worker did not exit within 30 s of SIGTERM"
-cli --output=textproto get "$job" >"$tmp/preempted.txt"
-last=$(field last_step <"$tmp/preempted.txt")
-newest=$(ls "$ck" | sort -n | tail -1)
-[ -n "$last" ] && [ "$newest" = "$last" ] \
-  || fail "preempted at step $last, newest checkpoint $newest: $(cat "$tmp/preempted.txt")"
-echo "preempted after step $last: checkpoint $newest committed, 0 steps lost"
+# The preemption restarts the job; its only host is gone, so after --restart_wait it fails.
+for _ in $(seq 300); do
+  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_FAILED" && break
+  sleep 0.1
+done
+cli get "$job" --output=json >"$tmp/preempted.json"
+newest=$(ls "$ck" | grep -v meshrun-tmp | sort -n | tail -1)
+# From the preempted run's own record: JobTable::Restart resets the job's last_step to the
+# restored step, so the job's last_step would equal the newest checkpoint even if the
+# preemption had saved nothing.
+"$python" - "$tmp/preempted.json" "$newest" <<'PY' || fail "the preemption lost steps: $(cat "$tmp/preempted.json")"
+import json, sys
+job = json.load(open(sys.argv[1]))
+run = job["attempts"][0]
+committed = max(int(c["step"]) for c in job["checkpoints"] if c.get("committed"))
+assert int(run["last_step"]) == committed == int(sys.argv[2]), (run, committed, sys.argv[2])
+assert int(run.get("steps_lost", 0)) == 0 and "a preemption" in run["cause"], run
+assert job["state"] == "JOB_STATE_FAILED", job["state"]
+assert "no healthy hosts to restart on within --restart_wait=3s" in job["error"], job["error"]
+assert f"--resume_from={job['job_id']}" in job["error"], job["error"]
+print(f"preempted after step {run['last_step']}: checkpoint {committed} committed, 0 steps lost;",
+      "then", job["error"][:60], "...")
+PY
+if [ -n "$disk_full_skipped" ]; then
+  echo "checkpoint_test: all other checks passed; the full-disk case was skipped (no tmpfs mount)"
+  exit 77
+fi
 echo "checkpoint_test: all checks passed"

@@ -9,7 +9,8 @@
 # failed restore and step 30) and marks step 60 unrestorable, and its loss history holds one
 # value per step equal to an uninterrupted run's within 1e-6 relative (the re-run steps replace
 # the lost runs'); `meshrun watch` shows one line per restart and goes on, and so does the
-# dashboard, open in headless Chromium through both restarts (dashboard_rewind.mjs).
+# dashboard, open in headless Chromium through both restarts (dashboard_rewind.mjs); the
+# goodput's badput stays within its wall time.
 # Usage: recovery_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -73,7 +74,13 @@ assert "restoring the checkpoint" in second["cause"] and second["restored_step"]
 bad = [c for c in job["checkpoints"] if c.get("restore_error")]
 assert [c["step"] for c in bad] == ["60"], bad
 assert sys.argv[2] in bad[0]["restore_error"], bad  # names the truncated chunk
+# Goodput adds up the runs: each wait once, the badput within the wall time.
+g = job["goodput"]
+badput = sum(v for cause, v in g["badput_seconds"].items() if cause != "other")
+assert badput <= g["wall_seconds"], g
+assert g["badput_seconds"]["rerun_steps"] > 0 and "restore" in g["badput_seconds"], g
 print("recovery:", first["cause"][:80], "| then:", second["cause"][:120])
+print(f"goodput {g.get('ratio', 0):.2f}: badput {badput:.1f} s of {g['wall_seconds']:.1f} s wall")
 PY
 grep -q "^-- run 2: restarted from the checkpoint of step 60 " "$tmp/watch.txt" &&
   grep -q "^-- run 3: restarted from the checkpoint of step 30 " "$tmp/watch.txt" ||
