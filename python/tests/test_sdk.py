@@ -88,6 +88,16 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     assert job_id in [j.job_id for j in client.list()]
     rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
     assert [r["value"] for r in rows] == pytest.approx(got, rel=1e-6)
+    # pandas is in the venv (scripts/install_sdk.sh): the same rows as a DataFrame.
+    import pandas
+    frame = client.export(job_id, names=["metrics.loss"], as_dataframe=True)
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame.columns) == ["step", "name", "index", "value", "step_time_seconds",
+                                   "wall_time_unix_micros"]
+    assert frame["step"].tolist() == list(range(1, STEPS + 1))
+    assert set(frame["name"]) == {"metrics.loss"}
+    np.testing.assert_allclose(frame["value"].to_numpy(), got, rtol=1e-6)
+    assert (frame["step_time_seconds"] > 0).all()
     worker_metrics = client.metrics()
     assert "worker-0" in worker_metrics
 
