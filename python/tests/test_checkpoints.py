@@ -10,7 +10,7 @@ import pytest
 
 import meshrun
 from meshrun.v1 import job_pb2
-from test_sdk import STEPS, export_convnet, jax_losses, train_through_client
+from test_sdk import STEPS, export_convnet, jax_losses, train_through_client, wait_running
 
 state_name = job_pb2.JobState.Name
 
@@ -76,16 +76,11 @@ def test_checkpoint_now_on_a_running_job(tmp_path, cluster):
     spec = meshrun.job_spec_from_bundle(str(bundle), steps=1_000_000, cadence=5)
     job_id = client.submit(spec, checkpoint_dir=ck, checkpoint_every=1_000_000)
     assert not spec.HasField("checkpoint")
-    deadline = time.monotonic() + 90
-    while True:
-        manifest = client.get(job_id)
-        if state_name(manifest.state) == "JOB_STATE_RUNNING" and manifest.last_step >= 5:
-            break
-        assert time.monotonic() < deadline, str(manifest) + cluster.logs()
-        time.sleep(0.2)
+    manifest = wait_running(cluster, job_id, min_step=5)
     client.checkpoint(job_id)
+    deadline = time.monotonic() + 60
     while not committed_steps(manifest):
-        assert time.monotonic() < deadline + 60, str(manifest) + cluster.logs()
+        assert time.monotonic() < deadline, str(manifest) + cluster.logs()
         time.sleep(0.2)
         manifest = client.get(job_id)
     step = committed_steps(manifest)[0]
