@@ -44,6 +44,7 @@ ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its ma
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
           "job without one would get)");
+
 namespace meshrun::services {
 namespace {
 

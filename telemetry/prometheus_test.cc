@@ -115,9 +115,9 @@ TEST(CheckExpositionTest, CatchesInvalidLines) {
       "# TYPE a gauge\na 1\n# TYPE a gauge\na{b=\"c\"} 1\n",  // family twice
       "# TYPE a-b gauge\n",                            // illegal name
       "# TYPE a summary\n",                            // type we never write
-      "# TYPE h histogram\nh_bucket 1\n",               // bucket without le
-      "# TYPE h histogram\nh 1\n",                      // bare histogram sample
-      "# TYPE h histogram\nh_total 1\n",                // not a histogram suffix
+      "# TYPE h histogram\nh_bucket 1\n",             // bucket without le
+      "# TYPE h histogram\nh 1\n",                    // bare histogram sample
+      "# TYPE h histogram\nh_total 1\n",              // not a histogram suffix
   };
   for (const char* text : bad) {
     EXPECT_EQ(CheckExposition(text).code(), absl::StatusCode::kInvalidArgument) << text;
