@@ -37,6 +37,8 @@ void StepTimes::Add(const v1::GlobalSummary& summary) {
     t.first_step_seconds = summary.step_time_seconds();
   }
   steps[summary.step()] = summary.step_time_seconds();
+  histograms_.try_emplace(summary.job_id(), telemetry::StepTimeBuckets())
+      .first->second.Observe(summary.step_time_seconds());
   t.sampled_seconds += summary.step_time_seconds();
   ++t.samples;
   t.last_step = std::max(t.last_step, summary.step());
@@ -47,6 +49,11 @@ std::optional<StepTiming> StepTimes::Get(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.samples == 0) return std::nullopt;
   return it->second;
+}
+
+std::map<std::string, telemetry::Histogram> StepTimes::Histograms() const {
+  absl::MutexLock lock(&mu_);
+  return histograms_;
 }
 
 v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timing,

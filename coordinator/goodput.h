@@ -14,8 +14,12 @@
 // its state times; productive time counts the steps kept from the first run's start step. An
 // ended run's init or restore time is not kept ("other").
 //
-// StepTimes lives in memory: after a coordinator restart a running job's goodput counts only
-// the summaries since.
+// StepTimes also counts each summary's step time into a per-job histogram (the fixed
+// telemetry::StepTimeBuckets(), for /metrics): one observation per summarized step, re-run steps
+// included (they ran), so its counts only grow.
+//
+// StepTimes lives in memory: after a coordinator restart a running job's goodput and histogram
+// count only the summaries since.
 //
 // Thread-safety: StepTimes is safe to use concurrently; ComputeGoodput is a pure function.
 #pragma once
@@ -30,6 +34,7 @@
 #include "absl/time/time.h"
 #include "meshrun/v1/job.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
+#include "telemetry/prometheus.h"
 
 namespace meshrun::coordinator {
 
@@ -49,6 +54,8 @@ class StepTimes {
   // Records one combined summary (its step and step time).
   void Add(const v1::GlobalSummary& summary);
   std::optional<StepTiming> Get(const std::string& job_id) const;
+  // Every job's step-time histogram, by job id (jobs with no summary yet are absent).
+  std::map<std::string, telemetry::Histogram> Histograms() const;
 
  private:
   mutable absl::Mutex mu_;
@@ -56,6 +63,7 @@ class StepTimes {
   // Per job, the summarized steps' times since the last rewind (so a rewind knows what it
   // discards).
   std::map<std::string, std::map<int64_t, double>> steps_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, telemetry::Histogram> histograms_ ABSL_GUARDED_BY(mu_);
 };
 
 // Seconds the job's current run spent from entering state `from` to entering `to`, or to

@@ -84,6 +84,25 @@ TEST(GoodputTest, ResumedJobCountsFromItsRestoredStep) {
   EXPECT_EQ(job.goodput().badput_seconds().count("init"), 0);
 }
 
+TEST(GoodputTest, StepTimeHistogramCountsEverySummaryOnce) {
+  StepTimes times;
+  EXPECT_TRUE(times.Histograms().empty());
+  // Two summaries of 0.5 s, then a rewind re-running step 2 in 3 s: three observations.
+  times.Add(Summary(1, 0.5, 9));
+  times.Add(Summary(2, 0.5, 10));
+  times.Add(Summary(2, 3.0, 14));
+  const auto histograms = times.Histograms();
+  ASSERT_EQ(histograms.size(), 1u);
+  const telemetry::Histogram& h = histograms.at("job-1");
+  EXPECT_EQ(h.count(), 3u);
+  EXPECT_DOUBLE_EQ(h.sum(), 4.0);
+  const std::vector<double>& bounds = h.upper_bounds();
+  const std::vector<uint64_t> cumulative = h.CumulativeCounts();
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    EXPECT_EQ(cumulative[i], bounds[i] < 0.5 ? 0u : bounds[i] < 3.0 ? 2u : 3u) << bounds[i];
+  }
+}
+
 TEST(GoodputTest, NoStepYet) {
   StepTimes times;
   v1::JobManifest job = Job();

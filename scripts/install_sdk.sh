@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the meshrun Python SDK (python/) into the project venv, with what building it and
-# its tests need (grpcio-tools generates the gRPC stubs from proto/ at build time; pytest).
+# its tests need (grpcio-tools generates the gRPC stubs from proto/ at build time; pytest;
+# pandas for Client.export(as_dataframe=True)).
 # Idempotent: reinstalls only when python/ or proto/ changed (stamp in .venv). Needs .venv
 # (scripts/fetch_pjrt.sh). Used by scripts/setup.sh and the sdk tests.
 set -euo pipefail
@@ -9,12 +10,15 @@ py="$root/.venv/bin/python"
 [ -x "$py" ] || { echo "install_sdk: $py absent; run scripts/setup.sh" >&2; exit 1; }
 GRPCIO_TOOLS_VERSION=1.85.1
 PYTEST_VERSION=9.2.0
+PANDAS_VERSION=2.3.3
 have() { "$py" -c "import sys; from importlib.metadata import version; \
 sys.exit(version(sys.argv[1]) != sys.argv[2])" "$1" "$2" 2>/dev/null; }
-if ! have grpcio-tools "$GRPCIO_TOOLS_VERSION" || ! have pytest "$PYTEST_VERSION"; then
-  echo "install_sdk: installing grpcio-tools==$GRPCIO_TOOLS_VERSION pytest==$PYTEST_VERSION"
+if ! have grpcio-tools "$GRPCIO_TOOLS_VERSION" || ! have pytest "$PYTEST_VERSION" ||
+   ! have pandas "$PANDAS_VERSION"; then
+  echo "install_sdk: installing grpcio-tools==$GRPCIO_TOOLS_VERSION pytest==$PYTEST_VERSION" \
+    "pandas==$PANDAS_VERSION"
   "$py" -m pip install --quiet --disable-pip-version-check --no-input --only-binary=:all: \
-    "grpcio-tools==$GRPCIO_TOOLS_VERSION" "pytest==$PYTEST_VERSION"
+    "grpcio-tools==$GRPCIO_TOOLS_VERSION" "pytest==$PYTEST_VERSION" "pandas==$PANDAS_VERSION"
 fi
 stamp="$root/.venv/.meshrun-sdk.sha256"
 sum="$(cd "$root" && find python/meshrun python/setup.py python/pyproject.toml proto -type f \

@@ -8,6 +8,7 @@
 #include "common/sha256.h"
 #include "services/binary_setup.h"
 #include "services/cert_authority.h"
+#include "services/cli_common.h"
 
 ABSL_FLAG(std::string, dir, "", "certs: the CA directory (ca.pem, ca.key, cluster)");
 ABSL_FLAG(std::string, cluster, "meshrun", "certs init: the cluster name in every SPIFFE id");
@@ -36,6 +37,11 @@ int RunCertsCommand(const std::vector<std::string>& args) {
     if (dir.empty()) ExitWithError("certs init needs --dir", 2);
     absl::Status s = CreateClusterCa(dir, absl::GetFlag(FLAGS_cluster), absl::GetFlag(FLAGS_days) * 10);
     if (!s.ok()) ExitWithError(std::string(s.message()), 1);
+    if (JsonOutput()) {
+      PrintJsonObject({{"cluster", absl::GetFlag(FLAGS_cluster)}, {"ca_dir", dir},
+                       {"ca_cert", dir + "/ca.pem"}});
+      return 0;
+    }
     std::printf("cluster CA \"%s\" in %s (keep ca.key secret; give ca.pem to every host)\n",
                 absl::GetFlag(FLAGS_cluster).c_str(), dir.c_str());
     return 0;
@@ -56,6 +62,10 @@ int RunCertsCommand(const std::vector<std::string>& args) {
     }
     absl::StatusOr<std::string> id = IssueCertificate(request);
     if (!id.ok()) ExitWithError(std::string(id.status().message()), 1);
+    if (JsonOutput()) {
+      PrintJsonObject({{"issued", *id}});
+      return 0;
+    }
     std::printf("issued %s\n", id->c_str());
     return 0;
   }
@@ -73,8 +83,12 @@ int RunCertsCommand(const std::vector<std::string>& args) {
       std::ofstream out(file, std::ios::app);
       out << line << "\n";
       if (!out) ExitWithError(absl::StrCat("cannot append to ", file), 1);
-    } else {
+    } else if (!JsonOutput()) {
       std::fprintf(stderr, "add to the --auth_tokens_file: %s\n", line.c_str());
+    }
+    if (JsonOutput()) {  // the hash line is part of the object: nothing on stderr to miss
+      PrintJsonObject({{"token", token}, {"tokens_file_line", line}});
+      return 0;
     }
     std::printf("%s\n", token.c_str());
     return 0;

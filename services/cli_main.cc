@@ -1,21 +1,12 @@
 // meshrun: the command-line client.
 #include <google/protobuf/text_format.h>
-#include <unistd.h>
 
-#include <google/protobuf/util/json_util.h>
-
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cerrno>
-#include <deque>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -28,24 +19,14 @@
 #include "services/binary_setup.h"
 #include "services/cli_certs.h"
 #include "services/cli_checkpoints.h"
+#include "services/cli_common.h"
 #include "services/cli_get.h"
+#include "services/cli_telemetry.h"
 #include "services/grpc_probe.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
-#include "telemetry/export.h"
 #include "worker/runtime/identity.h"
 
-// $MESHRUN_COORDINATOR, when set, is the default address (as for the Python SDK's Client).
-static std::string DefaultCoordinator() {
-  const char* env = std::getenv("MESHRUN_COORDINATOR");
-  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
-}
-ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
-          "HOST:PORT of the coordinator (default $MESHRUN_COORDINATOR, else 127.0.0.1:7070)");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "deadline of each call");
-ABSL_FLAG(std::string, output, "text",
-          "text (tables, default), json (the full messages, proto3 JSON; watch: one line per "
-          "summary) or textproto (get: the manifest as protobuf text, as before)");
 ABSL_FLAG(int, expect, 0,
           "workers: wait (up to --wait) until at least this many workers are ALIVE");
 ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
@@ -63,14 +44,6 @@ ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its ma
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
           "job without one would get)");
-ABSL_FLAG(int64_t, since_step, 0,
-          "watch, export: first step to show (watch: history first, then live)");
-ABSL_FLAG(std::vector<std::string>, series, {},
-          "watch, export: only these series (comma-separated); default every series");
-ABSL_FLAG(std::string, format, "csv", "export: csv, jsonl or tensorboard");
-ABSL_FLAG(std::string, out, "",
-          "export: output file (csv, jsonl; default stdout) or directory (tensorboard; default "
-          "./tensorboard/<job-id>)");
 
 namespace meshrun::services {
 namespace {
@@ -99,24 +72,8 @@ constexpr char kUsage[] =
     "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n\n"
     "exit codes: 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator unreachable,\n"
     "4 the job ended FAILED or CANCELLED (submit --follow), 5 still running after --wait\n"
-    "--coordinator defaults to $MESHRUN_COORDINATOR, else 127.0.0.1:7070\n";
-
-// --output=json: the whole message as proto3 JSON on one line.
-bool JsonOutput() {
-  const std::string output = absl::GetFlag(FLAGS_output);
-  if (output != "text" && output != "json" && output != "textproto") {
-    ExitWithError("--output=" + output + " is not text, json or textproto", 2);
-  }
-  return output == "json";
-}
-
-void PrintJson(const google::protobuf::Message& message) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  std::printf("%s\n", json.c_str());
-}
+    "--coordinator defaults to $MESHRUN_COORDINATOR, else 127.0.0.1:7070\n"
+    "--output=json: every command prints JSON objects, one a line (export: --format=jsonl)\n";
 
 int Health(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
@@ -124,14 +81,25 @@ int Health(const std::vector<std::string>& args) {
     ExitWithError(absl::StrCat("address \"", args[2],
                                "\" is not HOST:PORT, e.g. 127.0.0.1:7070"), 2);
   }
+  const bool json = JsonOutput();
   absl::StatusOr<std::string> health =
       CheckHealth(MakeChannel(args[2]), "", absl::GetFlag(FLAGS_timeout));
   if (!health.ok()) {
-    std::printf("NOT SERVING: %s: %s\n", absl::StatusCodeToString(health.status().code()).c_str(),
-                std::string(health.status().message()).c_str());
+    const std::string code = absl::StatusCodeToString(health.status().code());
+    const std::string message(health.status().message());
+    if (json) {
+      PrintJsonObject({{"address", args[2]}, {"status", "NOT_SERVING"}, {"code", code},
+                       {"message", message}});
+    } else {
+      std::printf("NOT SERVING: %s: %s\n", code.c_str(), message.c_str());
+    }
     return 1;
   }
-  std::printf("%s\n", health->c_str());
+  if (json) {
+    PrintJsonObject({{"address", args[2]}, {"status", *health}});
+  } else {
+    std::printf("%s\n", health->c_str());
+  }
   return *health == "SERVING" ? 0 : 1;
 }
 
@@ -211,29 +179,6 @@ int Workers() {
                                absl::FormatDuration(absl::GetFlag(FLAGS_wait))), 1);
   }
   return 0;
-}
-
-std::unique_ptr<v1::Coordinator::Stub> CoordinatorStub() {
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
-  if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
-    ExitWithError(std::string(parsed.status().message()), 2);
-  }
-  return v1::Coordinator::NewStub(MakeCoordinatorChannel(address));
-}
-
-// Exit codes (also in kUsage): 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator
-// unreachable, 4 the followed job ended FAILED or CANCELLED, 5 still running after --wait.
-constexpr int kExitUnreachable = 3, kExitJobFailed = 4, kExitStillRunning = 5;
-
-void CheckCall(const grpc::Status& status, const std::string& what) {
-  if (!status.ok()) {
-    const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    ExitWithError(absl::StrCat(what, ": ", absl::StatusCodeToString(
-                                               static_cast<absl::StatusCode>(status.error_code())),
-                               ": ", status.error_message()),
-                  unreachable ? kExitUnreachable : 1);
-  }
 }
 
 // The manifest without the programs' tensor lists, which would drown everything else.
@@ -343,7 +288,7 @@ int Cancel(const std::vector<std::string>& args) {
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CancelJob(context.get(), request, &response), "cancel");
   if (JsonOutput()) {
-    std::printf("{\"cancelled\":\"%s\"}\n", absl::CEscape(args[2]).c_str());
+    PrintJsonObject({{"cancelled", args[2]}});
   } else {
     std::printf("cancelled %s\n", args[2].c_str());
   }
@@ -359,7 +304,7 @@ int Checkpoint(const std::vector<std::string>& args) {
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CheckpointJob(context.get(), request, &response), "checkpoint");
   if (JsonOutput()) {  // the shape of cancel's
-    std::printf("{\"checkpoint_requested\":\"%s\"}\n", absl::CEscape(args[2]).c_str());
+    PrintJsonObject({{"checkpoint_requested", args[2]}});
     return 0;
   }
   std::printf("checkpoint requested for %s: it is committed once every host wrote its shards "
@@ -420,153 +365,6 @@ int Memory(const std::vector<std::string>& args) {
                 bytes(d.has_bytes_limit(), d.bytes_limit()).c_str(),
                 d.unreported_reason().c_str());
   }
-  return 0;
-}
-
-// Eight-level bars of the last values, scaled to their own range.
-std::string Sparkline(const std::deque<float>& values) {
-  static const char* kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
-  if (values.empty()) return "";
-  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
-  std::string out;
-  for (float v : values) {
-    const int level = *hi > *lo ? static_cast<int>((v - *lo) / (*hi - *lo) * 7.0f + 0.5f) : 0;
-    out += kBars[std::clamp(level, 0, 7)];
-  }
-  return out;
-}
-
-int Watch(const std::vector<std::string>& args) {
-  if (args.size() != 3) ExitWithError("usage: meshrun watch <job-id>", 2);
-  auto stub = CoordinatorStub();
-  v1::WatchTelemetryRequest request;
-  request.set_job_id(args[2]);
-  request.set_since_step(absl::GetFlag(FLAGS_since_step));
-  for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
-  grpc::ClientContext context;  // a watch lasts as long as the job: no deadline
-  auto reader = stub->WatchTelemetry(&context, request);
-  v1::GlobalSummary summary;
-  bool header = false;
-  std::deque<float> first_series;
-  const bool json = JsonOutput();
-  while (reader->Read(&summary)) {
-    if (json) {
-      PrintJson(summary);
-      std::fflush(stdout);
-      continue;
-    }
-    if (summary.has_rewind()) {  // the job restarted: the steps after summary.step() come again
-      const v1::JobRewind& r = summary.rewind();
-      std::printf("-- run %d: restarted from the checkpoint of step %lld (%lld steps run again)"
-                  "; %s: %s\n",
-                  r.attempt(), static_cast<long long>(summary.step()),
-                  static_cast<long long>(r.steps_lost()), r.host().c_str(), r.cause().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    if (!header) {
-      std::printf("%8s", "STEP");
-      for (const v1::TelemetryValue& v : summary.values()) {
-        const std::string name = v.values_size() == 1 ? v.name() : v.name() + "(mean)";
-        std::printf(" %14s", name.substr(0, 14).c_str());
-      }
-      std::printf(" %10s  %s\n", "STEP_TIME", "TREND");
-      header = true;
-    }
-    std::printf("%8lld", static_cast<long long>(summary.step()));
-    for (const v1::TelemetryValue& v : summary.values()) {
-      double sum = 0;
-      for (float x : v.values()) sum += x;
-      const double shown = v.values_size() > 0 ? sum / v.values_size() : 0;
-      std::printf(" %13.6g%s", shown, v.threshold_exceeded() ? "!" : " ");
-    }
-    if (summary.values_size() > 0 && summary.values(0).values_size() > 0) {
-      first_series.push_back(summary.values(0).values(0));
-      if (first_series.size() > 24) first_series.pop_front();
-    }
-    std::printf(" %8.1fms  %s%s%s%s\n", summary.step_time_seconds() * 1e3,
-                Sparkline(first_series).c_str(),
-                summary.synthetic_data() ? "  SYNTHETIC DATA" : "",
-                summary.partial() ? "  partial, missing: " : "",
-                absl::StrJoin(summary.missing_hosts(), ",").c_str());
-    std::fflush(stdout);
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    ExitWithError(absl::StrCat("watch ", args[2], ": ", status.error_message()), 1);
-  }
-  return 0;
-}
-
-// Reads the job's history (WatchTelemetry, history only) and writes it in the chosen format.
-// The output is created at the first summary, so a refused export leaves no file behind.
-int Export(const std::vector<std::string>& args) {
-  if (args.size() != 3) {
-    ExitWithError("usage: meshrun export <job-id> --format=csv|jsonl|tensorboard [--out=PATH]", 2);
-  }
-  const std::string& job = args[2];
-  absl::StatusOr<telemetry::ExportFormat> format =
-      telemetry::ParseExportFormat(absl::GetFlag(FLAGS_format));
-  if (!format.ok()) ExitWithError(std::string(format.status().message()), 2);
-  const bool tensorboard = *format == telemetry::ExportFormat::kTensorBoard;
-  std::string out = absl::GetFlag(FLAGS_out);
-  std::string dir;  // tensorboard: created with the file
-  if (tensorboard) {
-    dir = out.empty() ? "tensorboard/" + job : out;
-    char host[256] = "localhost";
-    gethostname(host, sizeof(host) - 1);
-    out = dir + "/" + telemetry::TensorBoardFileName(absl::Now(), host);
-  }
-
-  auto stub = CoordinatorStub();
-  v1::WatchTelemetryRequest request;
-  request.set_job_id(job);
-  request.set_since_step(absl::GetFlag(FLAGS_since_step));
-  for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
-  request.set_history_only(true);
-  grpc::ClientContext context;  // long histories take as long as they take: no deadline
-  auto reader = stub->WatchTelemetry(&context, request);
-  std::FILE* file = nullptr;
-  auto write = [&](const std::string& bytes) {
-    if (file == nullptr) {
-      std::error_code error;
-      if (!dir.empty()) std::filesystem::create_directories(dir, error);
-      if (error) ExitWithError(absl::StrCat("--out=", dir, ": ", error.message()), 1);
-      file = out.empty() ? stdout : std::fopen(out.c_str(), "wb");
-      if (file == nullptr) {
-        ExitWithError(absl::StrCat("--out=", out, ": ", std::strerror(errno)), 1);
-      }
-      if (*format == telemetry::ExportFormat::kCsv) {
-        std::fputs(telemetry::CsvHeader().c_str(), file);
-      }
-      if (tensorboard) {
-        const std::string header = telemetry::TensorBoardFileHeader(absl::Now());
-        std::fwrite(header.data(), 1, header.size(), file);
-      }
-    }
-    if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
-      ExitWithError(absl::StrCat("writing ", out, ": ", std::strerror(errno)), 1);
-    }
-  };
-  v1::GlobalSummary summary;
-  int64_t steps = 0;
-  while (reader->Read(&summary)) {
-    switch (*format) {
-      case telemetry::ExportFormat::kCsv: write(telemetry::CsvRows(summary)); break;
-      case telemetry::ExportFormat::kJsonl: write(telemetry::JsonLine(summary)); break;
-      case telemetry::ExportFormat::kTensorBoard:
-        write(telemetry::TensorBoardRecord(summary));
-        break;
-    }
-    ++steps;
-  }
-  CheckCall(reader->Finish(), "export " + job);
-  if (file == nullptr) write("");  // an empty history still gets a valid (empty) file
-  if (file != stdout && std::fclose(file) != 0) {
-    ExitWithError(absl::StrCat("writing ", out, ": ", std::strerror(errno)), 1);
-  }
-  std::fprintf(stderr, "exported %lld steps of %s to %s\n", static_cast<long long>(steps),
-               job.c_str(), out.empty() ? "stdout" : out.c_str());
   return 0;
 }
 

@@ -288,6 +288,13 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
     }
   }
   RETURN_IF_ERROR(AddGoodput(jobs, out));
+  RETURN_IF_ERROR(out.Declare("meshrun_job_step_time_seconds", MetricType::kHistogram,
+                              "Step times of the job's summarized steps (max over hosts; one "
+                              "per telemetry summary, re-run steps included)."));
+  for (const auto& [id, histogram] : handler.telemetry().step_times().Histograms()) {
+    RETURN_IF_ERROR(out.AddHistogram("meshrun_job_step_time_seconds", {{"job_id", id}},
+                                     histogram));
+  }
 
   // Workers, from the registry.
   v1::ListWorkersResponse workers;

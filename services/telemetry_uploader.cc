@@ -77,19 +77,20 @@ void TelemetryUploader::SendLoop() {
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
     }
-    RunStream();
+    const bool refused = RunStream();
     absl::MutexLock lock(&mu_);
     for (Entry& e : queue_) e.sent = false;  // resend what was not acknowledged
+    if (refused) continue;  // the coordinator is there: no reason to wait
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&stopping), config_.reconnect_delay);
   }
 }
 
-void TelemetryUploader::RunStream() {
+bool TelemetryUploader::RunStream() {
   grpc::ClientContext context;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_) return;
+    if (stop_) return false;
     stream_context_ = &context;
   }
   auto stream = stub_->UploadTelemetry(&context);
@@ -124,30 +125,49 @@ void TelemetryUploader::RunStream() {
     if (!stream->Write(next)) break;
   }
   stream->WritesDone();
-  context.TryCancel();
+  // Cancel only to stop: a stream the server ended (its reads done) or that failed a write has
+  // its status already, and a cancel would turn a refusal into CANCELLED, so the refused
+  // summary would be resent, refused again, forever, holding back every later summary.
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) context.TryCancel();
+  }
   reader.join();
   grpc::Status status = stream->Finish();
   absl::MutexLock lock(&mu_);
   stream_context_ = nullptr;
   stop_reading_ = false;
-  if (stop_ || status.error_code() == grpc::StatusCode::CANCELLED) return;
+  if (stop_ || status.error_code() == grpc::StatusCode::CANCELLED) return false;
   const bool refused = status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
                        status.error_code() == grpc::StatusCode::NOT_FOUND ||
                        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
   if (refused) {
     // The coordinator handles summaries in order, so the refused one is the oldest sent and
-    // unacknowledged: resending it would be refused forever.
+    // unacknowledged: resending it would be refused forever. NOT_FOUND and FAILED_PRECONDITION
+    // refuse its job (no longer collecting, e.g. cancelled, or this incarnation fenced): the
+    // job's later summaries would be refused one reconnect at a time, holding back other jobs'.
     auto it = std::find_if(queue_.begin(), queue_.end(), [](const Entry& e) { return e.sent; });
     if (it != queue_.end()) {
-      spdlog::warn("telemetry of job {} step {} refused: {}", it->summary.job_id(),
-                   it->summary.step(), status.error_message());
-      queue_.erase(it);
-      ++dropped_;
+      const std::string job_id = it->summary.job_id();
+      const bool whole_job = status.error_code() != grpc::StatusCode::INVALID_ARGUMENT;
+      spdlog::warn("telemetry of job {} step {} refused: {}{}", job_id, it->summary.step(),
+                   status.error_message(), whole_job ? " (dropping the job's queued summaries)" : "");
+      const size_t before = queue_.size();
+      if (whole_job) {
+        queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                                    [&](const Entry& e) { return e.summary.job_id() == job_id; }),
+                     queue_.end());
+      } else {
+        queue_.erase(it);
+      }
+      dropped_ += static_cast<int64_t>(before - queue_.size());
+      return true;
     }
-    return;
+    return false;
   }
   spdlog::warn("telemetry stream to {} ended: {} (reconnecting)", config_.coordinator,
                status.error_message());
+  return false;
 }
 
 }  // namespace meshrun::services

@@ -3,6 +3,8 @@
 // and kept until the coordinator acknowledges them as persisted. While the coordinator is
 // unreachable they stay queued — bounded: past `capacity` the oldest is dropped and counted —
 // and everything unacknowledged is resent on reconnect (the coordinator ignores duplicates).
+// A summary the coordinator refuses is dropped, and with it the rest of its job's when the
+// refusal is about the job (it no longer collects telemetry, e.g. cancelled).
 //
 // Lifetime: starts its sender thread on construction; the destructor stops it (bounded).
 // Thread-safety: all methods are safe to call concurrently.
@@ -55,8 +57,9 @@ class TelemetryUploader {
     bool sent = false;
   };
   void SendLoop();
-  // One stream's life: returns when it broke or the uploader stops.
-  void RunStream();
+  // One stream's life: returns when it broke or the uploader stops; true when the coordinator
+  // refused a summary (dropped here), so the next stream can start at once.
+  bool RunStream();
   bool HasUnsentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;

@@ -1,6 +1,8 @@
 #include "telemetry/prometheus.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -26,8 +28,15 @@ bool ValidName(const std::string& name, bool allow_colon) {
 }
 
 const char* TypeName(MetricType type) {
-  return type == MetricType::kCounter ? "counter" : "gauge";
+  switch (type) {
+    case MetricType::kCounter: return "counter";
+    case MetricType::kHistogram: return "histogram";
+    case MetricType::kGauge: break;
+  }
+  return "gauge";
 }
+
+constexpr const char* kHistogramSuffixes[] = {"_bucket", "_sum", "_count"};
 
 std::string Escape(const std::string& text, bool quote) {
   std::string out;
@@ -59,6 +68,33 @@ std::string FormatValue(double value) {
 
 }  // namespace
 
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    if (!std::isfinite(bounds_[i]) || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
+      std::fprintf(stderr, "Histogram: upper bounds must be finite and increasing\n");
+      std::abort();
+    }
+  }
+}
+
+void Histogram::Observe(double value) {
+  size_t bucket = bounds_.size();  // +Inf, and NaN
+  if (!std::isnan(value)) {
+    bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  }
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+std::vector<uint64_t> Histogram::CumulativeCounts() const {
+  std::vector<uint64_t> out(bounds_.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) out[i] = total += counts_[i];
+  return out;
+}
+
 bool IsValidMetricName(const std::string& name) { return ValidName(name, true); }
 bool IsValidLabelName(const std::string& name) { return ValidName(name, false); }
 
@@ -69,6 +105,14 @@ absl::Status PrometheusText::Declare(const std::string& name, MetricType type,
   }
   if (type == MetricType::kCounter && !absl::EndsWith(name, "_total")) {
     return absl::InvalidArgumentError(absl::StrCat("counter ", name, " must end in _total"));
+  }
+  if (type == MetricType::kHistogram) {
+    for (const char* suffix : kHistogramSuffixes) {
+      if (absl::EndsWith(name, suffix)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "histogram ", name, " must not end in ", suffix, " (its samples' suffix)"));
+      }
+    }
   }
   auto it = families_.find(name);
   if (it != families_.end()) {
@@ -83,33 +127,76 @@ absl::Status PrometheusText::Declare(const std::string& name, MetricType type,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> PrometheusText::RenderLabels(const std::string& name,
+                                                          const Labels& labels,
+                                                          const std::string& extra) const {
+  if (labels.empty() && extra.empty()) return std::string();
+  std::set<std::string> seen;
+  std::string out = "{";
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const auto& [label, label_value] = labels[i];
+    if (!IsValidLabelName(label) || absl::StartsWith(label, "__")) {
+      return absl::InvalidArgumentError(absl::StrCat("label name \"", label, "\" of ", name,
+                                                     " is not legal"));
+    }
+    if (!seen.insert(label).second) {
+      return absl::InvalidArgumentError(absl::StrCat("label ", label, " of ", name,
+                                                     " is repeated"));
+    }
+    absl::StrAppend(&out, i ? "," : "", label, "=\"", Escape(label_value, true), "\"");
+  }
+  absl::StrAppend(&out, !labels.empty() && !extra.empty() ? "," : "", extra, "}");
+  return out;
+}
+
 absl::Status PrometheusText::Add(const std::string& name, const Labels& labels, double value) {
   auto it = families_.find(name);
   if (it == families_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("metric ", name, " is not declared"));
   }
-  std::set<std::string> seen;
-  std::string series = name;
-  if (!labels.empty()) {
-    series += '{';
-    for (size_t i = 0; i < labels.size(); ++i) {
-      const auto& [label, label_value] = labels[i];
-      if (!IsValidLabelName(label) || absl::StartsWith(label, "__")) {
-        return absl::InvalidArgumentError(absl::StrCat("label name \"", label, "\" of ", name,
-                                                       " is not legal"));
-      }
-      if (!seen.insert(label).second) {
-        return absl::InvalidArgumentError(absl::StrCat("label ", label, " of ", name,
-                                                       " is repeated"));
-      }
-      absl::StrAppend(&series, i ? "," : "", label, "=\"", Escape(label_value, true), "\"");
-    }
-    series += '}';
+  if (it->second.type == MetricType::kHistogram) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is a histogram: use AddHistogram"));
   }
+  absl::StatusOr<std::string> rendered = RenderLabels(name, labels);
+  if (!rendered.ok()) return rendered.status();
+  const std::string series = name + *rendered;
   if (!series_.emplace(series, true).second) {
     return absl::InvalidArgumentError(absl::StrCat("series ", series, " is added twice"));
   }
   it->second.lines.push_back(absl::StrCat(series, " ", FormatValue(value)));
+  return absl::OkStatus();
+}
+
+absl::Status PrometheusText::AddHistogram(const std::string& name, const Labels& labels,
+                                          const Histogram& histogram) {
+  auto it = families_.find(name);
+  if (it == families_.end() || it->second.type != MetricType::kHistogram) {
+    return absl::InvalidArgumentError(absl::StrCat("histogram ", name, " is not declared"));
+  }
+  for (const auto& label : labels) {
+    if (label.first == "le") {
+      return absl::InvalidArgumentError(absl::StrCat("histogram ", name,
+                                                     " must not carry its own le label"));
+    }
+  }
+  absl::StatusOr<std::string> plain = RenderLabels(name, labels);
+  if (!plain.ok()) return plain.status();
+  if (!series_.emplace(name + *plain, true).second) {
+    return absl::InvalidArgumentError(absl::StrCat("series ", name, *plain, " is added twice"));
+  }
+  std::vector<std::string>& lines = it->second.lines;
+  const std::vector<uint64_t> cumulative = histogram.CumulativeCounts();
+  for (size_t i = 0; i <= cumulative.size(); ++i) {
+    const bool inf = i == cumulative.size();
+    absl::StatusOr<std::string> with_le = RenderLabels(
+        name, labels,
+        absl::StrCat("le=\"", inf ? "+Inf" : FormatValue(histogram.upper_bounds()[i]), "\""));
+    if (!with_le.ok()) return with_le.status();
+    lines.push_back(absl::StrCat(name, "_bucket", *with_le, " ",
+                                 inf ? histogram.count() : cumulative[i]));
+  }
+  lines.push_back(absl::StrCat(name, "_sum", *plain, " ", FormatValue(histogram.sum())));
+  lines.push_back(absl::StrCat(name, "_count", *plain, " ", histogram.count()));
   return absl::OkStatus();
 }
 
@@ -127,7 +214,8 @@ std::string PrometheusText::Render() const {
 namespace {
 
 // Parses `name{labels} value [timestamp]` into its series key; errors say what is wrong.
-absl::Status ParseSample(const std::string& line, std::string* name, std::string* series) {
+absl::Status ParseSample(const std::string& line, std::string* name, std::string* series,
+                         bool* has_le) {
   size_t i = 0;
   while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
   *name = line.substr(0, i);
@@ -191,6 +279,7 @@ absl::Status ParseSample(const std::string& line, std::string* name, std::string
     if (rest[1].empty() || *end != '\0') return absl::InvalidArgumentError("bad timestamp");
   }
   *series = *name + "\x1e" + canonical;
+  *has_le = labels.count("le") > 0;
   return absl::OkStatus();
 }
 
@@ -223,7 +312,9 @@ absl::Status CheckExposition(const std::string& text) {
         }
         continue;
       }
-      if (parts[1] != "gauge" && parts[1] != "counter") return fail("unknown TYPE");
+      if (parts[1] != "gauge" && parts[1] != "counter" && parts[1] != "histogram") {
+        return fail("unknown TYPE");
+      }
       if (!families.insert(parts[0]).second) return fail("family declared twice");
       if (parts[1] == "counter" && !absl::EndsWith(parts[0], "_total")) {
         return fail("counter name must end in _total");
@@ -234,10 +325,19 @@ absl::Status CheckExposition(const std::string& text) {
     }
     if (line.empty() || line[0] == '#') return fail("blank line or stray comment");
     std::string name, key;
-    if (absl::Status s = ParseSample(line, &name, &key); !s.ok()) {
+    bool has_le = false;
+    if (absl::Status s = ParseSample(line, &name, &key, &has_le); !s.ok()) {
       return fail(std::string(s.message()));
     }
-    if (name != current) return fail("sample outside its family's TYPE block");
+    if (current_type == "histogram") {
+      if (name == current + "_bucket") {
+        if (!has_le) return fail("histogram bucket without an le label");
+      } else if (name != current + "_sum" && name != current + "_count") {
+        return fail("sample outside its histogram's _bucket, _sum and _count");
+      }
+    } else if (name != current) {
+      return fail("sample outside its family's TYPE block");
+    }
     if (!series.insert(key).second) return fail("duplicate series");
   }
   return absl::OkStatus();

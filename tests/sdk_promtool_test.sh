@@ -2,7 +2,7 @@
 # Live /metrics through Prometheus' own checker: a coordinator (--http_listen) and a worker
 # (--log_format=json) train the MLP example; `promtool check metrics` (Debian's prometheus
 # package) must pass on the scraped exposition, which carries the job's telemetry, the worker's
-# per-metric families with units and meshrun_build_info. The worker's log is JSON, one object a
+# per-metric families with units, meshrun_build_info and the job's step-time histogram. The worker's log is JSON, one object a
 # line with UTC timestamps. Exit 77 (skipped) when promtool is not installed.
 # Usage: sdk_promtool_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
@@ -32,9 +32,19 @@ for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index=
             'meshrun_worker_execute_time_seconds_total{host="worker-0"}' \
             'meshrun_worker_execute_time_samples_total{host="worker-0"}' \
             'meshrun_worker_steps_total{host="worker-0"}' \
-            'meshrun_job_goodput_ratio{job_id="job-1"}' 'meshrun_build_info{version="'; do
+            'meshrun_job_goodput_ratio{job_id="job-1"}' 'meshrun_build_info{version="' \
+            '# TYPE meshrun_job_step_time_seconds histogram' \
+            'meshrun_job_step_time_seconds_bucket{job_id="job-1",le="0.001"}' \
+            'meshrun_job_step_time_seconds_sum{job_id="job-1"}'; do
   grep -qF "$want" "$tmp/metrics.txt" || fail "/metrics lacks $want"
 done
+# The histogram counted the job's summaries (one per step at --cadence=1): its +Inf bucket
+# equals its count, at least 1.
+inf=$(sed -n 's/^meshrun_job_step_time_seconds_bucket{job_id="job-1",le="+Inf"} //p' \
+  "$tmp/metrics.txt")
+count=$(sed -n 's/^meshrun_job_step_time_seconds_count{job_id="job-1"} //p' "$tmp/metrics.txt")
+[ -n "$inf" ] && [ "$inf" = "$count" ] && [ "$count" -ge 1 ] \
+  || fail "step-time histogram: +Inf bucket '$inf', count '$count'"
 if grep -q '{job="' "$tmp/metrics.txt"; then fail "a job label collides with Prometheus' own"; fi
 
 # The worker's own log lines are JSON objects with UTC timestamps (the PJRT plugin may write

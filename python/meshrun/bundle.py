@@ -110,10 +110,15 @@ def is_array_file(path):
         return f.read(len(_SHARD_MAGIC)) != _SHARD_MAGIC
 
 
-def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas=0):
+def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas=0, *,
+                         checkpoint_dir=None, checkpoint_every=100, keep_checkpoints=3,
+                         resume_from=None, max_restarts=None, get_job=None):
     """bundle: a directory holding job.json, or the job.json path.
     data: None keeps the bundle's own batches; "synthetic"; an array-batch file
-    (meshrun.data.write_arrays: the step's batch inputs); or a token shard glob."""
+    (meshrun.data.write_arrays: the step's batch inputs); or a token shard glob.
+    checkpoint_dir, checkpoint_every, keep_checkpoints, resume_from, max_restarts, get_job:
+    meshrun.checkpoints.apply_checkpoint_options (docs/checkpoints.md)."""
+    from meshrun.checkpoints import apply_checkpoint_options  # it imports BundleError from here
     if steps < 1 or cadence < 1:
         raise BundleError("steps and cadence must be >= 1")
     parsed, path = read_bundle(bundle)
@@ -165,4 +170,7 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
     spec.mesh.tensor_parallel = int(sizes.get("model", 1))
     spec.mesh.expert_parallel = int(sizes.get("expert", 1))
     spec.mesh.host_replicas = host_replicas or parsed.mesh.host_replicas
-    return spec
+    return apply_checkpoint_options(
+        spec, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints, resume_from=resume_from, max_restarts=max_restarts,
+        get_job=get_job)

@@ -12,7 +12,8 @@ import time
 
 import grpc
 
-from meshrun.bundle import job_spec_from_bundle
+from meshrun.bundle import BundleError, job_spec_from_bundle
+from meshrun.checkpoints import apply_checkpoint_options
 from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -61,16 +62,46 @@ class Client:
                                            metadata=self._metadata)
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0):
+    def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0,
+               checkpoint_dir=None, checkpoint_every=100, keep_checkpoints=3, resume_from=None,
+               max_restarts=None):
         """job: a bundle directory (or its job.json) or a meshrun.v1.job_pb2.JobSpec.
         Returns the job id. data: None = the bundle's batches, "synthetic", an array-batch
-        file (meshrun.data.write_arrays: the step's batch inputs), or a token shard glob."""
+        file (meshrun.data.write_arrays: the step's batch inputs), or a token shard glob.
+        Checkpoints (docs/checkpoints.md), as the CLI's flags of the same names:
+        checkpoint_dir (shared by every host; must exist) with a checkpoint after every
+        `checkpoint_every`-th step and the last, the newest `keep_checkpoints` kept (0 = all);
+        resume_from: a committed step directory, a checkpoint directory (its newest step) or a
+        job id (its newest committed checkpoint); max_restarts: automatic restarts from the last
+        checkpoint (None = the coordinator's default, 0 = never). A JobSpec gets these options
+        on a copy; steps, cadence, data and host_replicas apply to bundles only."""
+        options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                       keep_checkpoints=keep_checkpoints, resume_from=resume_from,
+                       max_restarts=max_restarts, get_job=self._job_to_resume)
         if isinstance(job, job_pb2.JobSpec):
-            spec = job
+            spec = job_pb2.JobSpec()
+            spec.CopyFrom(job)
+            apply_checkpoint_options(spec, **options)
         else:
             spec = job_spec_from_bundle(os.fspath(job), steps=steps, cadence=cadence, data=data,
-                                        host_replicas=host_replicas)
+                                        host_replicas=host_replicas, **options)
         return self._call("SubmitJob", coordinator_pb2.SubmitJobRequest(spec=spec)).job_id
+
+    def _job_to_resume(self, job_id):
+        try:
+            return self.get(job_id)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            raise BundleError(f"resume_from {job_id} is neither a directory nor a job id") \
+                from None
+
+    def checkpoint(self, job_id):
+        """Saves a running job's state now, after its current step (the CheckpointJob RPC; the
+        job needs a checkpoint_dir). The checkpoint is committed once every host wrote its
+        shards: get(job_id).checkpoints lists it. grpc.RpcError FAILED_PRECONDITION when the
+        job has no checkpoint policy or is not running."""
+        self._call("CheckpointJob", coordinator_pb2.CheckpointJobRequest(job_id=job_id))
 
     def get(self, job_id):
         """The job's manifest (meshrun.v1.job_pb2.JobManifest)."""
@@ -98,7 +129,12 @@ class Client:
               max_reconnects=20):
         """Yields GlobalSummary messages in step order until the job's stream ends. A dropped
         stream (coordinator restart, network) is resumed from the step after the last one seen,
-        so no summary is yielded twice."""
+        so no summary is yielded twice.
+
+        When the job restarts from a checkpoint (automatic recovery, docs/checkpoints.md), a
+        rewind event comes through: a summary with `rewind` set (summary.HasField("rewind")),
+        no values, and `step` the checkpoint's step. The summaries after it run the steps after
+        that step again, so step order starts over there."""
         next_step = since_step
         failures = 0
         while True:
@@ -110,7 +146,10 @@ class Client:
                 # a dead peer (gRPC keepalive-free channel ends with UNAVAILABLE).
                 for summary in self._stub.WatchTelemetry(request, metadata=self._metadata):
                     failures = 0
-                    if summary.step < next_step:
+                    rewind = summary.HasField("rewind")
+                    # The server sends each step once per stream; after a reconnect it may
+                    # resend what this iterator already yielded. A rewind is always new.
+                    if summary.step < next_step and not rewind:
                         continue
                     next_step = summary.step + 1
                     yield summary

@@ -72,7 +72,7 @@ class Cluster:
             p.wait()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one cluster for every test module: its compile cache too
 def cluster():
     if not os.path.exists(_bin("meshrun-coordinator")):
         pytest.skip("MESHRUN_BIN_DIR does not hold the meshrun binaries")

@@ -88,6 +88,16 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     assert job_id in [j.job_id for j in client.list()]
     rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
     assert [r["value"] for r in rows] == pytest.approx(got, rel=1e-6)
+    # pandas is in the venv (scripts/install_sdk.sh): the same rows as a DataFrame.
+    import pandas
+    frame = client.export(job_id, names=["metrics.loss"], as_dataframe=True)
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame.columns) == ["step", "name", "index", "value", "step_time_seconds",
+                                   "wall_time_unix_micros"]
+    assert frame["step"].tolist() == list(range(1, STEPS + 1))
+    assert set(frame["name"]) == {"metrics.loss"}
+    np.testing.assert_allclose(frame["value"].to_numpy(), got, rtol=1e-6)
+    assert (frame["step_time_seconds"] > 0).all()
     worker_metrics = client.metrics()
     assert "worker-0" in worker_metrics
 
@@ -132,22 +142,28 @@ def test_cli_exit_codes():
 
 
 def test_running_job_shows_its_current_step_and_cancels(tmp_path, cluster):
-    import time
     export_convnet(str(tmp_path))
     client = cluster.client
     job_id = client.submit(str(tmp_path), steps=1_000_000, cadence=5)
-    deadline = time.monotonic() + 90
+    manifest = wait_running(cluster, job_id, min_step=10)
     state_name = meshrun.v1.job_pb2.JobState.Name
-    while True:
-        manifest = client.get(job_id)
-        if state_name(manifest.state) == "JOB_STATE_RUNNING" and manifest.last_step >= 10:
-            break
-        assert time.monotonic() < deadline, str(manifest) + cluster.logs()
-        time.sleep(0.2)
     listed = {j.job_id: j for j in client.list()}[job_id]
     assert listed.last_step >= manifest.last_step and listed.last_step % 5 == 0
     client.cancel(job_id)
     assert state_name(client.wait(job_id, timeout=60).state) == "JOB_STATE_CANCELLED"
+
+
+def wait_running(cluster, job_id, min_step, timeout=90):
+    """Waits until the job runs and reported `min_step`; returns its manifest."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        manifest = cluster.client.get(job_id)
+        if (meshrun.v1.job_pb2.JobState.Name(manifest.state) == "JOB_STATE_RUNNING"
+                and manifest.last_step >= min_step):
+            return manifest
+        assert time.monotonic() < deadline, str(manifest) + cluster.logs()
+        time.sleep(0.2)
 
 
 def train_through_client(cluster, bundle, steps, **submit):
