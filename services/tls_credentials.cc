@@ -96,6 +96,9 @@ class AccessPolicyProcessor : public grpc::AuthMetadataProcessor {
     if (!status.ok()) {
       std::string message(status.message());
       if (!problem.empty()) absl::StrAppend(&message, " (", problem, ")");
+      // gRPC gives this processor the metadata and the connection's auth context, not the
+      // peer's address: the log names the certificate (or token) instead. Refusals in the
+      // handlers (CheckWorkerHost, job membership) name the address too.
       spdlog::warn("refused {} from {}: {}", method, Describe(*context), message);
       return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
     }
@@ -301,7 +304,8 @@ std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context) {
   if (role.empty()) return std::nullopt;
   absl::StatusOr<Role> parsed = ParseRole(role);
   if (!parsed.ok()) return std::nullopt;
-  return Identity{*parsed, Property(*auth, kNameProperty), Property(*auth, kSourceProperty)};
+  return Identity{*parsed, Property(*auth, kNameProperty), Property(*auth, kSourceProperty),
+                  context.peer()};
 }
 
 absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::string& host) {
@@ -309,8 +313,8 @@ absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::
   if (!peer.has_value() || peer->role != Role::kWorker || peer->name == host) {
     return absl::OkStatus();
   }
-  spdlog::warn("refused: worker certificate for host \"{}\" tried to act as host \"{}\"",
-               peer->name, host);
+  spdlog::warn("refused: worker certificate for host \"{}\" from {} tried to act as host \"{}\"",
+               peer->name, context.peer(), host);
   return absl::PermissionDeniedError(absl::StrCat(
       "this worker's certificate names host \"", peer->name, "\"; it may not act as host \"",
       host, "\""));
