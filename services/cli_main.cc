@@ -198,6 +198,7 @@ int Workers() {
     std::vector<std::string> notes;
     if (!w.state_reason().empty()) notes.push_back(w.state_reason());
     if (!w.exclusion_reason().empty()) notes.push_back("excluded: " + w.exclusion_reason());
+    if (reg.insecure()) notes.push_back("PLAINTEXT beyond loopback (--insecure)");
     const std::string note = absl::StrJoin(notes, "; ");
     std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
                 StateName(w.state()).c_str(), reg.address().c_str(),

@@ -317,6 +317,7 @@ absl::Status WorkerServer::Register() {
     registration->add_slice_hostnames(name);
   }
   registration->set_incarnation(incarnation());
+  registration->set_insecure(ServingInsecurely());
   if (runtime_ != nullptr) {
     *registration->mutable_runtime() = ToProto(runtime_->identity());
     for (const auto& device : runtime_->addressable_devices()) {
