@@ -80,6 +80,18 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
                                           v1::CheckpointNowResponse*) override {
     return FinishUnary(context, [&] { return owner_->CheckpointNow(*request); });
   }
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context, const v1::DrainRequest*,
+                                  v1::DrainResponse*) override {
+    return FinishUnary(context, [&] {
+      if (!owner_->config_.on_drain_request) {
+        return absl::FailedPreconditionError(
+            "this worker takes no drain requests; stop its process (SIGTERM) instead");
+      }
+      spdlog::info("the coordinator asks this worker to drain");
+      owner_->config_.on_drain_request();
+      return absl::OkStatus();
+    });
+  }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
   grpc::ServerWriteReactor<v1::LoadExecutableChunk>* CompileProgram(

@@ -128,6 +128,7 @@ for w in 2 3; do
     >"$tmp/worker-$w.log" 2>&1 &
   pids+=($!)
 done
+worker3_pid=${pids[-1]}
 MESHRUN_TOKEN=$view_token scli workers --expect=4 --wait=30s >/dev/null || fail "4 workers"
 scli --token_file="$tmp/submit.token" submit "$src/examples/transformer_lm/dp4x2/job.json" \
   --host_replicas=2 --steps=3 --cadence=1 --follow --wait=300s >"$tmp/replicas.txt" \
@@ -228,6 +229,17 @@ sleep 1.2
 [ "$(code -H "Authorization: Bearer $view_token" "https://coordinator:$http/metrics")" = 401 ] \
   || fail "revoked token still accepted over HTTP"
 if scli --token="$view_token" list >/dev/null 2>&1; then fail "revoked token still accepted"; fi
+
+# Draining a worker is the admin's: the worker finishes, deregisters (LEFT) and exits.
+if scli --token="$submit_token" drain worker-3 >"$tmp/bad.txt" 2>&1; then
+  fail "a submit token drained a worker"
+fi
+grep -q "needs role admin" "$tmp/bad.txt" || fail "drain refusal: $(cat "$tmp/bad.txt")"
+scli --token="$admin_token" drain worker-3 >"$tmp/drain.txt" 2>&1 || fail "drain: $(cat "$tmp/drain.txt")"
+for _ in $(seq 60); do kill -0 "$worker3_pid" 2>/dev/null || break; sleep 0.5; done
+kill -0 "$worker3_pid" 2>/dev/null && fail "worker-3 did not exit after the drain"
+scli --token="$admin_token" workers | grep "^worker-3 " | grep -q LEFT \
+  || fail "worker-3 is not LEFT: $(scli --token="$admin_token" workers)"
 
 # 5. A server with worker-1's certificate posing as the coordinator: the CLI, and the Python SDK,
 #    refuse it at the handshake (the token is never sent), naming what they expected.
