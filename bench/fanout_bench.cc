@@ -24,7 +24,7 @@
 // every link (the coordinator's certificate and the access policy; the uploader presents a
 // worker certificate, checked for its host and job membership; the watchers a view
 // certificate and check the coordinator's), and prints as its last line:
-//   ratio fanout_tls_vs_plain <TLS deliveries/s / plaintext deliveries/s>
+//   ratio fanout_tls_vs_plain <median over rounds of TLS deliveries/s / plaintext deliveries/s>
 //
 // Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 5]
 //                             [--paced_rate 20] [--paced_rounds 3] [--tls_vs_plain 0|1]
@@ -319,11 +319,12 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
 }
 
 // Runs `run(path, dir)` for paths 0 and 1 in each of `rounds` rounds, alternating which goes
-// first, and prints the medians of each under `names`. Returns the median deliveries/s.
-absl::StatusOr<std::array<double, 2>> Compare(
+// first, and prints the medians of each under `names` and the spread of the per-round ratios
+// (path 1 over path 0). Returns those ratios.
+absl::StatusOr<std::vector<double>> Compare(
     const Options& options, const std::string& title, const std::array<const char*, 2>& names,
     const std::function<absl::StatusOr<Figures>(int path, const std::string& dir)>& run) {
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2];
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2], ratios;
   for (int round = 0; round < options.rounds; ++round) {
     for (int i = 0; i < 2; ++i) {
       const int path = (round + i) % 2;
@@ -341,6 +342,7 @@ absl::StatusOr<std::array<double, 2>> Compare(
       p50[path].push_back(f->p50_ms);
       p99[path].push_back(f->p99_ms);
     }
+    ratios.push_back(rate[1].back() / rate[0].back());
   }
   std::printf("%s: %d watchers, %lld summaries, window %lld, %d rounds (medians)\n", title.c_str(),
               options.watchers, static_cast<long long>(options.summaries),
@@ -351,7 +353,8 @@ absl::StatusOr<std::array<double, 2>> Compare(
                 names[path], Median(rate[path]), Median(rate[path]) / options.watchers,
                 Median(cpu[path]), Median(p50[path]), Median(p99[path]));
   }
-  return std::array<double, 2>{Median(rate[0]), Median(rate[1])};
+  std::printf("per-round %s/%s deliveries/s %s\n", names[1], names[0], Spread(ratios).c_str());
+  return ratios;
 }
 
 int Main(int argc, char** argv) {
@@ -377,11 +380,11 @@ int Main(int argc, char** argv) {
                              "1 <= --window < 1024 (the coordinator's per-watcher queue)"));
   }
   if (options.tls_vs_plain) {  // the meshrun path in plaintext and with mutual TLS
-    absl::StatusOr<std::array<double, 2>> rates = Compare(
+    absl::StatusOr<std::vector<double>> ratios = Compare(
         options, "fanout, meshrun path", {"plaintext", "mutualTLS"},
         [&](int path, const std::string& dir) { return RunMeshrun(options, dir, path == 1); });
-    if (!rates.ok()) return Fail("fanout", rates.status());
-    std::printf("ratio fanout_tls_vs_plain %.3f\n", (*rates)[1] / (*rates)[0]);
+    if (!ratios.ok()) return Fail("fanout", ratios.status());
+    std::printf("ratio fanout_tls_vs_plain %.3f\n", Median(*ratios));
     return 0;
   }
   // Rounds alternate which path goes first; figures are medians over rounds, and a round's

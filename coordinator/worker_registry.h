@@ -38,6 +38,7 @@ struct WorkerInfo {
   runtime::RuntimeIdentity runtime;
   std::vector<runtime::DeviceDescription> devices;
   std::vector<std::string> executable_fingerprints;
+  bool insecure = false;  // the worker serves plaintext beyond loopback (--insecure)
 };
 
 enum class WorkerState { kAlive, kDead, kLeft };

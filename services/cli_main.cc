@@ -68,6 +68,7 @@ constexpr char kUsage[] =
     "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
+    "  drain <host>         ask a worker to drain as on SIGTERM and leave (role admin)\n"
     "  version              print this build's version and protocol range\n"
     "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n\n"
     "exit codes: 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator unreachable,\n"
@@ -166,6 +167,7 @@ int Workers() {
     std::vector<std::string> notes;
     if (!w.state_reason().empty()) notes.push_back(w.state_reason());
     if (!w.exclusion_reason().empty()) notes.push_back("excluded: " + w.exclusion_reason());
+    if (reg.insecure()) notes.push_back("PLAINTEXT beyond loopback (--insecure)");
     const std::string note = absl::StrJoin(notes, "; ");
     std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
                 StateName(w.state()).c_str(), reg.address().c_str(),
@@ -279,6 +281,17 @@ int List() {
   return 0;
 }
 
+int Drain(const std::vector<std::string>& args) {
+  if (args.size() != 3) ExitWithError("usage: meshrun drain <host>", 2);
+  v1::DrainWorkerRequest request;
+  request.set_host(args[2]);
+  v1::DrainWorkerResponse response;
+  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
+  CheckCall(CoordinatorStub()->DrainWorker(context.get(), request, &response), "drain");
+  std::printf("worker %s is draining\n", args[2].c_str());
+  return 0;
+}
+
 int Cancel(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun cancel <job-id>", 2);
   auto stub = CoordinatorStub();
@@ -383,6 +396,7 @@ int main(int argc, char** argv) {
   if (command == "get") return Get(args);
   if (command == "list") return List();
   if (command == "cancel") return Cancel(args);
+  if (command == "drain") return Drain(args);
   if (command == "checkpoint") return Checkpoint(args);
   if (command == "watch") return Watch(args);
   if (command == "export") return Export(args);

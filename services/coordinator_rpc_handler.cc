@@ -252,6 +252,18 @@ absl::Status CoordinatorRpcHandler::GetDeviceMemory(const v1::GetDeviceMemoryReq
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorRpcHandler::DrainWorker(const v1::DrainWorkerRequest& request,
+                                                v1::DrainWorkerResponse*) {
+  if (request.host().empty()) return absl::InvalidArgumentError("host is empty; name a worker");
+  ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
+  v1::DrainResponse answer;
+  auto context = ContextWithTimeout(absl::Seconds(5));
+  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeWorkerChannel(address, request.host()))
+                                     ->Drain(context.get(), v1::DrainRequest(), &answer)));
+  spdlog::info("worker {} asked to drain", request.host());
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorRpcHandler::KeyValueSet(const v1::KeyValueSetRequest& request,
                                                 v1::KeyValueSetResponse*) {
   return kv_->Set(request.key(), request.value(), request.allow_overwrite());

@@ -193,6 +193,11 @@ class CoordinatorServer::Service final
                                           v1::CheckpointJobResponse* response) override {
     return FinishUnary(context, [&] { return handler_->CheckpointJob(*request, response); });
   }
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* context,
+                                        const v1::DrainWorkerRequest* request,
+                                        v1::DrainWorkerResponse* response) override {
+    return FinishUnary(context, [&] { return handler_->DrainWorker(*request, response); });
+  }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
     return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context);

@@ -85,6 +85,9 @@ class CoordinatorRpcHandler {
   absl::Status GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* response);
   absl::Status GetDeviceMemory(const v1::GetDeviceMemoryRequest& request,
                                v1::GetDeviceMemoryResponse* response);
+  // Relays Worker.Drain to the alive worker of request.host. Errors: INVALID_ARGUMENT (no
+  // host), NOT_FOUND / FAILED_PRECONDITION (no alive worker of that name), the worker's.
+  absl::Status DrainWorker(const v1::DrainWorkerRequest& request, v1::DrainWorkerResponse*);
 
   absl::Status KeyValueSet(const v1::KeyValueSetRequest& request, v1::KeyValueSetResponse*);
   absl::Status KeyValueTryGet(const v1::KeyValueGetRequest& request,

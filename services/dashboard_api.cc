@@ -307,6 +307,8 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
                               MetricType::kGauge, "Unix time of the worker's last heartbeat."));
   RETURN_IF_ERROR(out.Declare("meshrun_worker_devices", MetricType::kGauge,
                               "Devices the worker registered."));
+  RETURN_IF_ERROR(out.Declare("meshrun_worker_insecure_plaintext", MetricType::kGauge,
+                              "1 when the worker serves plaintext beyond loopback (--insecure)."));
   std::vector<std::string> alive;
   for (const v1::WorkerStatus& worker : workers.workers()) {
     const std::string& host = worker.registration().host();
@@ -322,6 +324,8 @@ absl::StatusOr<std::string> DashboardApi::Metrics() {
                             worker.last_heartbeat_unix_micros() / 1e6));
     RETURN_IF_ERROR(out.Add("meshrun_worker_devices", {{"host", host}},
                             worker.registration().devices_size()));
+    RETURN_IF_ERROR(out.Add("meshrun_worker_insecure_plaintext", {{"host", host}},
+                            worker.registration().insecure() ? 1 : 0));
   }
 
   // The workers' torch_xla-style metrics (asked of each alive worker; one that cannot answer

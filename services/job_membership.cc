@@ -19,7 +19,7 @@ bool IsWorker(const std::optional<Identity>& caller) {
 absl::Status Refuse(const Identity& worker, const std::string& what, const std::string& why) {
   const std::string message =
       absl::StrCat("worker \"", worker.name, "\" may not ", what, ": ", why);
-  spdlog::warn("refused: {}", message);
+  spdlog::warn("refused: {} (from {})", message, worker.peer);
   return absl::PermissionDeniedError(message);
 }
 

@@ -57,6 +57,7 @@ v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info) {
   *out.mutable_runtime() = ToProto(info.runtime);
   for (const auto& device : info.devices) *out.add_devices() = ToProto(device);
   for (const std::string& fp : info.executable_fingerprints) out.add_executable_fingerprints(fp);
+  out.set_insecure(info.insecure);
   return out;
 }
 
@@ -73,7 +74,8 @@ coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration) {
       .runtime = FromProto(registration.runtime()),
       .devices = {},
       .executable_fingerprints = {registration.executable_fingerprints().begin(),
-                                  registration.executable_fingerprints().end()}};
+                                  registration.executable_fingerprints().end()},
+      .insecure = registration.insecure()};
   for (const auto& device : registration.devices()) info.devices.push_back(FromProto(device));
   return info;
 }

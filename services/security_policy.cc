@@ -87,6 +87,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/WatchTelemetry", Role::kView},
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
+      {"/meshrun.v1.Coordinator/DrainWorker", Role::kAdmin},
       // Worker: only the coordinator.
       {"/meshrun.v1.Worker/GetSupportedVersions", Role::kCoordinator},
       {"/meshrun.v1.Worker/LoadExecutable", Role::kCoordinator},
@@ -96,6 +97,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Worker/GetStatus", Role::kCoordinator},
       {"/meshrun.v1.Worker/GetDeviceMemory", Role::kCoordinator},
       {"/meshrun.v1.Worker/CheckpointNow", Role::kCoordinator},
+      {"/meshrun.v1.Worker/Drain", Role::kCoordinator},
       // gRPC's own services.
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},

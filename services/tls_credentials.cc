@@ -14,17 +14,35 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace meshrun::services {
 namespace {
 
-constexpr char kRoleProperty[] = "meshrun_role";
-constexpr char kNameProperty[] = "meshrun_name";
-constexpr char kSourceProperty[] = "meshrun_source";
-
 SecurityConfig& ProcessConfig() {
   static auto* config = new SecurityConfig();
   return *config;
+}
+
+// The tokens file of this process's (last) server that has one, for PeerIdentity; its
+// processor holds the same store.
+absl::Mutex tokens_mu;
+std::shared_ptr<TokenStore>& ProcessTokens() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tokens_mu) {
+  static auto* tokens = new std::shared_ptr<TokenStore>();
+  return *tokens;
+}
+
+// "Bearer <token>" from a call's metadata; empty without one. `authorization` is set when an
+// authorization header was present at all.
+template <typename Metadata>
+std::string BearerToken(const Metadata& metadata, bool* authorization = nullptr) {
+  for (const auto& [key, value] : metadata) {
+    if (key != "authorization") continue;
+    if (authorization != nullptr) *authorization = true;
+    const std::string v(value.data(), value.size());
+    if (absl::StartsWith(v, "Bearer ")) return v.substr(7);
+  }
+  return "";
 }
 std::atomic<bool> serving_insecurely{false};
 
@@ -63,26 +81,23 @@ std::optional<Identity> CertificateIdentity(const grpc::AuthContext& context,
 }
 
 // gRPC runs this for every call on a TLS server, before the handler: it maps the peer's
-// certificate (or bearer token) to an identity, asks the policy, and records the identity in
-// the call's auth context for handlers (PeerIdentity).
+// certificate (or bearer token) to an identity and asks the policy. It records nothing in the
+// auth context: gRPC 1.51 hands every call of a connection the connection's own context, so
+// adding properties per call raced (heap corruption under concurrent calls) and grew without
+// bound. Handlers derive the same identity again (PeerIdentity); the authorization header is
+// left in the metadata for that.
 class AccessPolicyProcessor : public grpc::AuthMetadataProcessor {
  public:
-  explicit AccessPolicyProcessor(std::unique_ptr<TokenStore> tokens) : tokens_(std::move(tokens)) {}
+  explicit AccessPolicyProcessor(std::shared_ptr<TokenStore> tokens) : tokens_(std::move(tokens)) {}
 
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata* consumed, OutputMetadata* /*response*/) override {
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
     std::string method;
-    std::string bearer;
-    bool had_authorization = false;
     for (const auto& [key, value] : metadata) {
       if (key == ":path") method.assign(value.data(), value.size());
-      if (key == "authorization") {
-        had_authorization = true;
-        consumed->insert({std::string(key.data(), key.size()), std::string(value.data(), value.size())});
-        const std::string v(value.data(), value.size());
-        if (absl::StartsWith(v, "Bearer ")) bearer = v.substr(7);
-      }
     }
+    bool had_authorization = false;
+    const std::string bearer = BearerToken(metadata, &had_authorization);
     std::string problem;
     std::optional<Identity> identity = CertificateIdentity(*context, &problem);
     if (!identity.has_value() && !bearer.empty() && tokens_ != nullptr) {
@@ -96,17 +111,17 @@ class AccessPolicyProcessor : public grpc::AuthMetadataProcessor {
     if (!status.ok()) {
       std::string message(status.message());
       if (!problem.empty()) absl::StrAppend(&message, " (", problem, ")");
+      // gRPC gives this processor the metadata and the connection's auth context, not the
+      // peer's address: the log names the certificate (or token) instead. Refusals in the
+      // handlers (CheckWorkerHost, job membership) name the address too.
       spdlog::warn("refused {} from {}: {}", method, Describe(*context), message);
       return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
     }
-    context->AddProperty(kRoleProperty, RoleName(identity->role));
-    context->AddProperty(kNameProperty, identity->name);
-    context->AddProperty(kSourceProperty, identity->source);
     return grpc::Status::OK;
   }
 
  private:
-  std::unique_ptr<TokenStore> tokens_;
+  const std::shared_ptr<TokenStore> tokens_;
 };
 
 class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
@@ -245,17 +260,21 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-  std::unique_ptr<TokenStore> tokens;
+  std::shared_ptr<TokenStore> tokens;
   if (!config.auth_tokens_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenStore>> store =
         TokenStore::Create(config.auth_tokens_file, absl::Seconds(1));
     if (!store.ok()) return store.status();
     tokens = *std::move(store);
   }
+  if (tokens != nullptr) {
+    absl::MutexLock l(&tokens_mu);
+    ProcessTokens() = tokens;
+  }
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::experimental::TlsServerCredentials(options);
   credentials->SetAuthMetadataProcessor(
-      std::make_shared<AccessPolicyProcessor>(std::move(tokens)));
+      std::make_shared<AccessPolicyProcessor>(tokens));
   return credentials;
 }
 
@@ -297,11 +316,24 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
 std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return std::nullopt;
-  const std::string role = Property(*auth, kRoleProperty);
-  if (role.empty()) return std::nullopt;
-  absl::StatusOr<Role> parsed = ParseRole(role);
-  if (!parsed.ok()) return std::nullopt;
-  return Identity{*parsed, Property(*auth, kNameProperty), Property(*auth, kSourceProperty)};
+  const std::string transport = Property(*auth, GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
+  if (transport != GRPC_TLS_TRANSPORT_SECURITY_TYPE &&
+      transport != GRPC_SSL_TRANSPORT_SECURITY_TYPE) {
+    return std::nullopt;  // plaintext: no identity, as the policy is off
+  }
+  std::string problem;
+  std::optional<Identity> identity = CertificateIdentity(*auth, &problem);
+  if (!identity.has_value()) {  // the processor's second source: the bearer token
+    const std::string token = BearerToken(context.client_metadata());
+    std::shared_ptr<TokenStore> tokens;
+    {
+      absl::MutexLock l(&tokens_mu);
+      tokens = ProcessTokens();
+    }
+    if (!token.empty() && tokens != nullptr) identity = tokens->Lookup(token);
+  }
+  if (identity.has_value()) identity->peer = context.peer();
+  return identity;
 }
 
 absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::string& host) {
@@ -309,8 +341,8 @@ absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::
   if (!peer.has_value() || peer->role != Role::kWorker || peer->name == host) {
     return absl::OkStatus();
   }
-  spdlog::warn("refused: worker certificate for host \"{}\" tried to act as host \"{}\"",
-               peer->name, host);
+  spdlog::warn("refused: worker certificate for host \"{}\" from {} tried to act as host \"{}\"",
+               peer->name, context.peer(), host);
   return absl::PermissionDeniedError(absl::StrCat(
       "this worker's certificate names host \"", peer->name, "\"; it may not act as host \"",
       host, "\""));

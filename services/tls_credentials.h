@@ -78,7 +78,9 @@ std::string DescribeExpected(const ExpectedServer& expect);
 std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
     const SecurityConfig& config, const std::optional<ExpectedServer>& expect = std::nullopt);
 
-// The caller's identity as the access policy established it (nullopt without TLS).
+// The caller's identity as the access policy established it: from its certificate, else its
+// bearer token (looked up again in this process's tokens file), with its address; nullopt
+// without TLS.
 std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context);
 
 // OK unless TLS is on and the caller is a worker whose certificate names another host.

@@ -1,6 +1,8 @@
 // meshrun-worker: one per host. Registers with the coordinator, heartbeats, and (as later
 // capabilities land) loads executables and runs steps. Runs until SIGTERM or SIGINT.
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -122,7 +124,9 @@ int main(int argc, char** argv) {
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
        .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
        .upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout),
-       .executable_store_bytes = absl::GetFlag(FLAGS_executable_store_bytes)});
+       .executable_store_bytes = absl::GetFlag(FLAGS_executable_store_bytes),
+       // `meshrun drain <host>`: the same path as systemctl stop (SIGTERM, awaited below).
+       .on_drain_request = [] { kill(getpid(), SIGTERM); }});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

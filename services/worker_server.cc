@@ -80,6 +80,18 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
                                           v1::CheckpointNowResponse*) override {
     return FinishUnary(context, [&] { return owner_->CheckpointNow(*request); });
   }
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context, const v1::DrainRequest*,
+                                  v1::DrainResponse*) override {
+    return FinishUnary(context, [&] {
+      if (!owner_->config_.on_drain_request) {
+        return absl::FailedPreconditionError(
+            "this worker takes no drain requests; stop its process (SIGTERM) instead");
+      }
+      spdlog::info("the coordinator asks this worker to drain");
+      owner_->config_.on_drain_request();
+      return absl::OkStatus();
+    });
+  }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
   grpc::ServerWriteReactor<v1::LoadExecutableChunk>* CompileProgram(
@@ -317,6 +329,7 @@ absl::Status WorkerServer::Register() {
     registration->add_slice_hostnames(name);
   }
   registration->set_incarnation(incarnation());
+  registration->set_insecure(ServingInsecurely());
   if (runtime_ != nullptr) {
     *registration->mutable_runtime() = ToProto(runtime_->identity());
     for (const auto& device : runtime_->addressable_devices()) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -58,6 +59,10 @@ class WorkerServer {
     // executable store's byte cap (least recently used go first).
     absl::Duration upload_idle_timeout = absl::Seconds(60);
     int64_t executable_store_bytes = worker::ExecutableStore::Limits().max_bytes;
+    // Called (on a server thread) when the coordinator relays an admin's drain request
+    // (Worker.Drain); it must return at once and start what SIGTERM starts. Empty: such
+    // requests get FAILED_PRECONDITION.
+    std::function<void()> on_drain_request;
   };
 
   // Errors: INVALID_ARGUMENT (bad address flag), FAILED_PRECONDITION (state directory
