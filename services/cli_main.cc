@@ -288,7 +288,11 @@ int Drain(const std::vector<std::string>& args) {
   v1::DrainWorkerResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(CoordinatorStub()->DrainWorker(context.get(), request, &response), "drain");
-  std::printf("worker %s is draining\n", args[2].c_str());
+  if (JsonOutput()) {
+    PrintJsonObject({{"draining", args[2]}});
+  } else {
+    std::printf("worker %s is draining\n", args[2].c_str());
+  }
   return 0;
 }
 

@@ -84,6 +84,19 @@ def test_every_command_prints_json(tmp_path, cluster):
           and o[0]["tokens_file_line"].endswith(" view alice"))
     assert token.stderr == "", token  # nothing a JSON consumer would miss
 
+    # Drain: a worker of its own (the session's two serve the other tests) leaves for good.
+    drained = cluster._start(
+        [_bin("meshrun-worker"), "--listen=127.0.0.1:0", f"--coordinator={cluster.address}",
+         "--host=drain-me", f"--state_dir={tmp_path}/drain-me", "--cpu_devices=1"],
+        str(tmp_path / "drain-me.log"))
+    deadline = time.monotonic() + 60
+    while "drain-me" not in js("workers").stdout:
+        assert time.monotonic() < deadline, (tmp_path / "drain-me.log").read_text()
+        time.sleep(0.2)
+    check("drain", js("drain", "drain-me"), lambda o: o == [{"draining": "drain-me"}])
+    process = next(p for p in cluster.procs if p.pid == drained)
+    assert process.wait(timeout=60) == 0, (tmp_path / "drain-me.log").read_text()
+
     assert set(checked) == cli_commands(cluster) | {"certs"}, set(checked) ^ cli_commands(cluster)
 
 

@@ -127,7 +127,8 @@ def test_cli_and_client_default_to_meshrun_coordinator(cluster, monkeypatch):
     assert result.returncode == 0 and "worker-0" in result.stdout, result
     monkeypatch.setenv("MESHRUN_COORDINATOR", cluster.address)
     with meshrun.Client(timeout=10) as client:
-        assert client.address == cluster.address and len(client.workers()) == 2
+        hosts = {w.registration.host for w in client.workers()}
+        assert client.address == cluster.address and {"worker-0", "worker-1"} <= hosts, hosts
 
 
 def test_cli_exit_codes():
