@@ -50,6 +50,12 @@ std::optional<StepTiming> StepTimes::Get(const std::string& job_id) const {
   return it->second;
 }
 
+void StepTimes::Forget(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+  steps_.erase(job_id);
+}
+
 v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timing,
                               absl::Time now) {
   v1::JobGoodput out;

@@ -44,6 +44,8 @@ class StepTimes {
   // Records one combined summary (its step and step time).
   void Add(const v1::GlobalSummary& summary);
   std::optional<StepTiming> Get(const std::string& job_id) const;
+  // Drops the job's timings (a pruned job).
+  void Forget(const std::string& job_id);
 
  private:
   mutable absl::Mutex mu_;
