@@ -14,6 +14,7 @@
 // name the library lacks traps at first use.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/synchronization/mutex.h"

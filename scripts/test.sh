@@ -40,7 +40,9 @@ CCACHE_BASEDIR="$root" cmake -S "$root" -B "$root/build-tsan" -G Ninja \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMESHRUN_TSAN=ON \
   -DMESHRUN_BUILD_BENCH=OFF >/dev/null
 CCACHE_BASEDIR="$root" ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_tests[@]}"
-TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j2 --output-on-failure \
+# StalledWatcherDoesNotSlowPublish bounds a time ratio, which TSan's slowdown makes noise.
+GTEST_FILTER='-*StalledWatcherDoesNotSlowPublish' TSAN_OPTIONS=halt_on_error=1 \
+  ctest --test-dir build-tsan -j2 --output-on-failure \
   -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 echo "test: thread sanitizer run clean"
 
