@@ -456,7 +456,9 @@ void CoordinatorServer::PruneEveryMinute() {
       spdlog::error("job {} pruned, but its telemetry history stays: {}", id, s.ToString());
     }
   }
-  if (!jobs.empty()) spdlog::info("pruned {} finished jobs (--job_retention)", jobs.size());
+  if (!jobs.empty()) {
+    spdlog::info("pruned {} finished jobs (--job_retention, --max_finished_jobs)", jobs.size());
+  }
   absl::StatusOr<int64_t> pruned = telemetry_->history().Prune();
   if (!pruned.ok()) spdlog::error("telemetry history retention: {}", pruned.status().ToString());
   if (pruned.ok() && *pruned > 0) spdlog::info("telemetry history: pruned {} summaries", *pruned);

@@ -22,14 +22,22 @@ class StreamSlots {
    public:
     Slot() = default;
     Slot(Slot&&) = default;
-    Slot& operator=(Slot&&) = default;
-    ~Slot() {
-      if (open_ != nullptr) open_->fetch_sub(1);
+    Slot& operator=(Slot&& other) noexcept {
+      if (this != &other) {
+        Release();
+        open_ = std::move(other.open_);
+      }
+      return *this;
     }
+    ~Slot() { Release(); }
 
    private:
     friend class StreamSlots;
     explicit Slot(std::shared_ptr<std::atomic<int64_t>> open) : open_(std::move(open)) {}
+    void Release() {
+      if (open_ != nullptr) open_->fetch_sub(1);
+      open_.reset();
+    }
     std::shared_ptr<std::atomic<int64_t>> open_;
   };
 
