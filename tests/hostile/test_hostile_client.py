@@ -257,10 +257,11 @@ def test_worker_start_job_hostile_manifests(cluster):
 def test_worker_refuses_data_outside_its_roots(cluster):
     # The worker opens a job's files only under its --data_root (examples/ here), whatever the
     # coordinator let through: each path naming /etc is refused before anything is opened.
-    def change(s, field, value):
-        message, name = (s.data, field[len("data."):]) if field.startswith("data.") else (s, field)
-        if field == "checkpoint.directory":
-            message, name = s.checkpoint, "directory"
+    def change(s, field, value):  # field: a dotted path in the spec
+        *parents, name = field.split(".")
+        message = s
+        for parent in parents:
+            message = getattr(message, parent)
         setattr(message, name, value)
         return s
     for field, value in (("data.example_bundle", "/etc/passwd"),
