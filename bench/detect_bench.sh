@@ -33,10 +33,10 @@ round() {
   track $cpid
   await_coordinator "$dir/c.log"
   local wa wb
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=host-a \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=host-a \
     --worker_index=0 --cpu_devices=4 --state_dir="$dir/a" >"$dir/a.log" 2>&1 &
   wa=$!; track $wa
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=host-b \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=host-b \
     --worker_index=1 --cpu_devices=4 --state_dir="$dir/b" >"$dir/b.log" 2>&1 &
   wb=$!; track $wb
   cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"

@@ -267,8 +267,10 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
     ASSIGN_OR_RETURN(security, MakeTls(dir, host));
   }
   services::SetProcessSecurity(security.coordinator);  // the server's; empty: plaintext
+  services::CoordinatorServer::Config config{.listen = "127.0.0.1:0", .state_dir = dir};
+  config.limits.max_watch_streams = 0;  // --watchers may pass the default cap of 1000
   absl::StatusOr<std::unique_ptr<services::CoordinatorServer>> started =
-      services::CoordinatorServer::Start({.listen = "127.0.0.1:0", .state_dir = dir});
+      services::CoordinatorServer::Start(config);
   services::SetProcessSecurity({});
   ASSIGN_OR_RETURN(std::unique_ptr<services::CoordinatorServer> server, std::move(started));
   // A job of the job table, so the uploads pass the membership check as a real job's would.

@@ -45,9 +45,14 @@ absl::StatusOr<PathRoots> PathRoots::FromFlag(const std::string& comma_separated
 
 absl::StatusOr<std::string> PathRoots::Resolve(const std::string& path,
                                                const std::string& field) const {
+  return ResolveAs(path, field, path);
+}
+
+absl::StatusOr<std::string> PathRoots::ResolveAs(const std::string& path, const std::string& field,
+                                                 const std::string& shown) const {
   if (path.empty() || !fs::path(path).is_absolute()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " \"", path, "\" is not an absolute path"));
+        absl::StrCat(field, " \"", shown, "\" is not an absolute path"));
   }
   std::error_code error;
   const fs::path resolved = fs::weakly_canonical(path, error);
@@ -61,7 +66,7 @@ absl::StatusOr<std::string> PathRoots::Resolve(const std::string& path,
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      field, " \"", path, "\" is outside the directories this server reads (",
+      field, " \"", shown, "\" is outside the directories this server reads (",
       roots_.empty() ? std::string("none") : absl::StrJoin(roots_, ", "),
       "); put it under one of them or start the server with ", flag_,
       "=<a directory holding it>"));
@@ -79,7 +84,7 @@ absl::Status PathRoots::CheckGlob(const std::string& pattern, const std::string&
   if (wildcard != std::string::npos) fixed = fixed.substr(0, fixed.rfind('/') + 1);
   if (fixed.empty()) fixed = pattern;  // relative: Resolve names it
   while (fixed.size() > 1 && fixed.back() == '/') fixed.pop_back();
-  return Resolve(fixed, field).status();
+  return ResolveAs(fixed, field, pattern).status();
 }
 
 }  // namespace meshrun

@@ -34,12 +34,16 @@ class PathRoots {
   absl::StatusOr<std::string> Resolve(const std::string& path, const std::string& field) const;
 
   // A glob pattern: its directory part before the first wildcard must resolve under a root and
-  // the rest must not climb out with "..". Errors: as Resolve.
+  // the rest must not climb out with "..". Errors: as Resolve, naming the whole pattern.
   absl::Status CheckGlob(const std::string& pattern, const std::string& field) const;
 
   const std::vector<std::string>& roots() const { return roots_; }
 
  private:
+  // Resolve, naming `shown` (what the client wrote, e.g. a whole glob) in errors.
+  absl::StatusOr<std::string> ResolveAs(const std::string& path, const std::string& field,
+                                        const std::string& shown) const;
+
   std::vector<std::string> roots_;  // canonical
   std::string flag_;
 };

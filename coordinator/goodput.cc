@@ -56,6 +56,13 @@ std::map<std::string, telemetry::Histogram> StepTimes::Histograms() const {
   return histograms_;
 }
 
+void StepTimes::Forget(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+  steps_.erase(job_id);
+  histograms_.erase(job_id);
+}
+
 v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timing,
                               absl::Time now) {
   v1::JobGoodput out;

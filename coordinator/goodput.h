@@ -57,6 +57,9 @@ class StepTimes {
   // Every job's step-time histogram, by job id (jobs with no summary yet are absent).
   std::map<std::string, telemetry::Histogram> Histograms() const;
 
+  // Drops the job's timings (a pruned job).
+  void Forget(const std::string& job_id);
+
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, StepTiming> jobs_ ABSL_GUARDED_BY(mu_);

@@ -245,4 +245,34 @@ std::vector<std::string> JobTable::FailJobsOnWorker(const std::string& host,
   return failed;
 }
 
+std::vector<std::string> JobTable::PruneFinished(absl::Duration retention,
+                                                 int64_t max_finished) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<int64_t, std::string>> finished;  // (finished at, id), earliest first
+  for (const auto& [id, job] : jobs_) {
+    if (IsFinal(job.state())) finished.emplace_back(job.finished_unix_micros(), id);
+  }
+  std::sort(finished.begin(), finished.end());
+  const int64_t cutoff = absl::ToUnixMicros(config_.clock->Now() - retention);
+  size_t drop = 0;
+  while (drop < finished.size() && retention > absl::ZeroDuration() &&
+         finished[drop].first < cutoff) {
+    ++drop;
+  }
+  if (max_finished > 0 && finished.size() - drop > static_cast<size_t>(max_finished)) {
+    drop = finished.size() - static_cast<size_t>(max_finished);
+  }
+  std::vector<std::string> pruned;
+  for (size_t i = 0; i < drop; ++i) {
+    jobs_.erase(finished[i].second);
+    pruned.push_back(finished[i].second);
+  }
+  if (!pruned.empty()) {
+    order_.erase(std::remove_if(order_.begin(), order_.end(),
+                                [&](const std::string& id) { return !jobs_.contains(id); }),
+                 order_.end());
+  }
+  return pruned;
+}
+
 }  // namespace meshrun::coordinator

@@ -94,6 +94,12 @@ class JobTable {
   absl::StatusOr<std::map<std::string, std::string>> HostIncarnations(
       const std::string& job_id) const;
 
+  // limits (--job_retention, --max_finished_jobs): removes the jobs in a final state that
+  // finished more than `retention` ago (zero: none by age), then the earliest finished past the
+  // newest `max_finished` (0: no cap). Returns their ids; the caller drops what else it holds
+  // for them (telemetry history, saved manifests). on_change is not called.
+  std::vector<std::string> PruneFinished(absl::Duration retention, int64_t max_finished);
+
   // Fails every unfinished job that runs on `host` with incarnation `incarnation`, with
   // `error`, and returns their ids.
   std::vector<std::string> FailJobsOnWorker(const std::string& host,

@@ -135,5 +135,34 @@ TEST(JobTableTest, EveryChangeIsSavedAndARestartTakesTheJobsBack) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// limits: finished jobs leave the table after --job_retention, and past --max_finished_jobs
+// the earliest finished go first; unfinished jobs stay whatever their age.
+TEST(JobTableTest, PruneFinishedByAgeThenByCount) {
+  FakeClock clock;
+  auto table = NewTable(&clock);
+  const std::string running = table->Add(v1::JobSpec());
+  ASSERT_TRUE(table->Transition(running, v1::JOB_STATE_ASSIGNED).ok());
+  std::vector<std::string> done;
+  for (int i = 0; i < 4; ++i) {
+    done.push_back(table->Add(v1::JobSpec()));
+    ASSERT_TRUE(table->Cancel(done.back()).ok());
+    clock.Advance(absl::Hours(1));
+  }
+  // Finished 4 h, 3 h, 2 h and 1 h ago.
+  EXPECT_TRUE(table->PruneFinished(absl::ZeroDuration(), 0).empty());
+  EXPECT_TRUE(table->PruneFinished(absl::Hours(5), 10).empty());
+  EXPECT_EQ(table->PruneFinished(absl::Minutes(150), 0),
+            (std::vector<std::string>{done[0], done[1]}));
+  EXPECT_EQ(table->PruneFinished(absl::Hours(24), 1), (std::vector<std::string>{done[2]}));
+  EXPECT_TRUE(absl::IsNotFound(table->Get(done[0]).status()));
+  std::vector<std::string> listed;
+  for (const v1::JobManifest& job : table->List()) listed.push_back(job.job_id());
+  EXPECT_EQ(listed, (std::vector<std::string>{running, done[3]}));
+  clock.Advance(absl::Hours(1000));
+  EXPECT_EQ(table->PruneFinished(absl::Hours(1), 0), (std::vector<std::string>{done[3]}));
+  EXPECT_TRUE(table->Get(running).ok());
+  EXPECT_EQ(table->Add(v1::JobSpec()), "job-6");  // ids are never reused
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

@@ -290,6 +290,9 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const PathRoots& roots) {
     RETURN_IF_ERROR(roots.CheckGlob(spec.data().token_shards_glob(),
                                     "spec.data.token_shards_glob"));
   }
+  if (spec.data().has_array_file()) {
+    RETURN_IF_ERROR(roots.Resolve(spec.data().array_file(), "spec.data.array_file").status());
+  }
   if (spec.has_checkpoint()) {
     RETURN_IF_ERROR(
         roots.Resolve(spec.checkpoint().directory(), "spec.checkpoint.directory").status());
@@ -298,6 +301,14 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const PathRoots& roots) {
     RETURN_IF_ERROR(roots.Resolve(spec.resume_from(), "spec.resume_from").status());
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckWorkerSpecPaths(const v1::JobSpec& spec, const PathRoots& roots) {
+  if (spec.data().has_example_bundle()) {
+    RETURN_IF_ERROR(
+        roots.Resolve(spec.data().example_bundle(), "spec.data.example_bundle").status());
+  }
+  return CheckSpecPaths(spec, roots);
 }
 
 absl::Status CheckShardingFitsMesh(const v1::JobSpec& spec,

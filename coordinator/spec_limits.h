@@ -60,10 +60,16 @@ absl::Status CheckShardingFitsMesh(const v1::JobSpec& spec,
                                    const std::vector<std::string>& axis_names,
                                    const std::vector<int64_t>& axis_sizes);
 
-// The paths a client names that the coordinator itself opens (the token shard glob it hashes
-// for the data receipt, the checkpoint directory it commits into, the checkpoint resume_from
-// names) must lie under `roots` (--data_root). Call before anything opens them.
+// The paths a client names that the coordinator itself opens (the token shard glob and the
+// array file it hashes for the data receipt, the checkpoint directory it commits into, the
+// checkpoint resume_from names) must lie under `roots` (--data_root). Call before anything
+// opens them.
 // Errors: INVALID_ARGUMENT as PathRoots::Resolve, naming the spec field.
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const PathRoots& roots);
+
+// Every path of `spec` a worker opens: those of CheckSpecPaths plus the example bundle (its
+// job.json or directory). The worker's StartJob calls it with its own --data_root.
+// Errors: as CheckSpecPaths.
+absl::Status CheckWorkerSpecPaths(const v1::JobSpec& spec, const PathRoots& roots);
 
 }  // namespace meshrun::coordinator

@@ -63,7 +63,10 @@ TEST_F(SpecPathsTest, SpecPathsAreConfined) {
   EXPECT_TRUE(CheckSpecPaths(spec, roots).ok()) << CheckSpecPaths(spec, roots);
   spec.mutable_data()->set_token_shards_glob(Path("secret/*.tok"));
   absl::Status s = CheckSpecPaths(spec, roots);
-  EXPECT_NE(s.message().find("spec.data.token_shards_glob"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("spec.data.token_shards_glob \"" + Path("secret/*.tok") +
+                             "\" is outside"),
+            std::string::npos)
+      << s;
   spec.mutable_data()->set_token_shards_glob(Path("allowed/*/../../secret/*.tok"));
   s = CheckSpecPaths(spec, roots);
   EXPECT_NE(s.message().find("climbs"), std::string::npos) << s;
@@ -77,6 +80,27 @@ TEST_F(SpecPathsTest, SpecPathsAreConfined) {
   spec.set_resume_from("/proc/self");
   s = CheckSpecPaths(spec, roots);
   EXPECT_NE(s.message().find("spec.resume_from"), std::string::npos) << s;
+  spec.clear_resume_from();
+  spec.mutable_data()->set_array_file(Path("secret/key.tok"));
+  s = CheckSpecPaths(spec, roots);
+  EXPECT_NE(s.message().find("spec.data.array_file"), std::string::npos) << s;
+}
+
+// A worker also opens the example bundle, which the coordinator never reads.
+TEST_F(SpecPathsTest, WorkerPathsIncludeTheBundle) {
+  const PathRoots roots = PathRoots::Create({Path("allowed")}).value();
+  v1::JobSpec spec;
+  spec.mutable_data()->set_example_bundle("/etc/passwd");
+  EXPECT_TRUE(CheckSpecPaths(spec, roots).ok());
+  absl::Status s = CheckWorkerSpecPaths(spec, roots);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec.data.example_bundle \"/etc/passwd\" is outside"),
+            std::string::npos) << s;
+  EXPECT_NE(s.message().find("--data_root="), std::string::npos) << s;
+  spec.mutable_data()->set_example_bundle(Path("allowed/shards"));
+  EXPECT_TRUE(CheckWorkerSpecPaths(spec, roots).ok());
+  spec.mutable_checkpoint()->set_directory(Path("allowed/link/ckpt"));
+  EXPECT_FALSE(CheckWorkerSpecPaths(spec, roots).ok());
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ echo "demo: coordinator on 127.0.0.1:$port (logs in $run)"
 echo "demo: dashboard at http://127.0.0.1:$http/  (Prometheus text at http://127.0.0.1:$http/metrics)"
 for w in 0 1; do
   "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
+    --data_root="$root/.data,$root/examples" \
     --host="local-worker-$w" --worker_index=$w --state_dir="$run/worker-$w" --cpu_devices=4 \
     >"$run/worker-$w.log" 2>&1 &
   pids+=($!)

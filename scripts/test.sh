@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test:
 #   1. clang compile of every library and binary with -Werror=thread-safety;
-#   2. AddressSanitizer + UndefinedBehaviorSanitizer build, running the unit tests;
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer build, running the unit tests and a subset
+#      of the cluster tests; ThreadSanitizer build, running the unit tests without gRPC;
 #   3. the regular build, running every ctest test (all capabilities).
 # Any capability alone: ctest --test-dir build -L <label>
 set -euo pipefail
@@ -20,13 +21,30 @@ bash scripts/fuzz.sh --seconds 8
 bash scripts/build.sh build-asan -DMESHRUN_SANITIZE=ON -DMESHRUN_BUILD_BENCH=OFF
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L unit -j2 --output-on-failure
-# fuzz (issue 16): cluster tests against the ASan+UBSan binaries too, a representative subset
-# (hostile clients, a job's whole lifecycle with kill -9 and a coordinator restart, a restarted
-# worker). Leak checking is off there: the tests kill servers with SIGKILL on purpose.
+# fuzz (issue 16): cluster tests against the ASan+UBSan binaries too, one of every kind of
+# cluster traffic (docs/fuzzing.md says which and why the others are left out). Leak checking is
+# off there: the tests kill servers with SIGKILL on purpose.
+asan_cluster='hostile_client_test|job_lifecycle_test|worker_restart_test|cluster_cli_test'
+asan_cluster+='|compile_on_worker_test|drain_unreachable_test|limits_submit_test|token_data_test'
 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan -R '^(hostile_client_test|job_lifecycle_test|worker_restart_test)$' \
-  -j2 --output-on-failure
+  ctest --test-dir build-asan -R "^($asan_cluster)\$" -j2 --output-on-failure
 echo "test: sanitizer run clean"
+
+# fuzz (issue 16): ThreadSanitizer on the unit tests that do not use gRPC, with abseil's
+# synchronization made visible by common/tsan_absl_shim.cc (docs/fuzzing.md). Only their
+# targets are built.
+tsan_tests=(common_test natural_order_test idle_watchdog_test logging_test watch_hub_test
+            history_store_test coordinator_test limits_test registry_claims_test goodput_test
+            executable_store_limits_test)
+CCACHE_BASEDIR="$root" cmake -S "$root" -B "$root/build-tsan" -G Ninja \
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMESHRUN_TSAN=ON \
+  -DMESHRUN_BUILD_BENCH=OFF >/dev/null
+CCACHE_BASEDIR="$root" ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_tests[@]}"
+# StalledWatcherDoesNotSlowPublish bounds a time ratio, which TSan's slowdown makes noise.
+GTEST_FILTER='-*StalledWatcherDoesNotSlowPublish' TSAN_OPTIONS=halt_on_error=1 \
+  ctest --test-dir build-tsan -j2 --output-on-failure \
+  -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
+echo "test: thread sanitizer run clean"
 
 bash scripts/build.sh build
 ctest --test-dir build -j2 --output-on-failure

@@ -9,6 +9,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "services/server_support.h"
 
@@ -20,6 +22,7 @@ ABSL_FLAG(std::string, log_format, "text",
 namespace meshrun::services {
 namespace {
 std::string program_name = "meshrun";
+std::vector<std::string> command_line;  // argv as given, for RepeatedFlagValues
 
 bool IsMeshrunFlagFile(absl::string_view file) { return absl::StrContains(file, "services/"); }
 }  // namespace
@@ -32,6 +35,7 @@ void ExitWithError(const std::string& message, int code) {
 std::vector<std::string> InitBinary(const char* program, const char* usage, int argc,
                                     char** argv) {
   program_name = program;
+  command_line.assign(argv, argv + argc);
   BlockTerminationSignals();
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = IsMeshrunFlagFile;
@@ -53,6 +57,24 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
     ExitWithError(std::string(status.message()), 2);
   }
   return std::vector<std::string>(positional.begin(), positional.end());
+}
+
+std::string RepeatedFlagValues(const std::string& name, const std::string& parsed) {
+  std::vector<std::string> values;
+  for (size_t i = 1; i < command_line.size(); ++i) {
+    absl::string_view arg = command_line[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      if (!absl::ConsumePrefix(&arg, "-")) continue;
+    }
+    if (!absl::ConsumePrefix(&arg, name)) continue;
+    if (absl::ConsumePrefix(&arg, "=")) {
+      values.emplace_back(arg);
+    } else if (arg.empty() && i + 1 < command_line.size()) {
+      values.push_back(command_line[++i]);
+    }
+  }
+  return values.size() > 1 ? absl::StrJoin(values, ",") : parsed;
 }
 
 }  // namespace meshrun::services

@@ -14,6 +14,12 @@ namespace meshrun::services {
 std::vector<std::string> InitBinary(const char* program, const char* usage, int argc,
                                     char** argv);
 
+// A flag given several times on the command line (`--data_root=a --data_root=b`): every value,
+// joined with commas, where absl keeps only the last. `parsed` (the flag's value) is returned
+// when the command line holds it at most once (e.g. it came from a --flagfile).
+// Call after InitBinary.
+std::string RepeatedFlagValues(const std::string& name, const std::string& parsed);
+
 // Prints "<program>: error: <message>" on stderr and exits with `code`.
 [[noreturn]] void ExitWithError(const std::string& message, int code);
 

@@ -1,9 +1,10 @@
 #include "services/coordinator_limit_flags.h"
 
 #include "absl/flags/flag.h"
+#include "services/binary_setup.h"
 
 ABSL_FLAG(std::string, data_root, "",
-          "comma-separated directories (besides --state_dir) where clients may name token "
+          "comma-separated directories (besides --state_dir; the flag may be repeated) where clients may name token "
           "shards, checkpoint directories and checkpoints to resume from; any other path is "
           "refused at submit");
 ABSL_FLAG(double, submit_rate, 20,
@@ -18,17 +19,33 @@ ABSL_FLAG(absl::Duration, worker_forget_after, absl::Hours(1),
 ABSL_FLAG(int64_t, program_store_bytes, int64_t{16} << 30,
           "bytes of submitted programs kept on disk under --state_dir/programs (least recently "
           "used go first)");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
+          "a finished job, its manifest and its telemetry history are forgotten this long after "
+          "it ended (checked every minute); 0: kept");
+ABSL_FLAG(int64_t, max_finished_jobs, 1000,
+          "finished jobs kept; past this the earliest finished are forgotten with their "
+          "telemetry history; 0: no cap");
+ABSL_FLAG(int64_t, max_watch_streams, 1000,
+          "WatchTelemetry streams served at once; more are refused (RESOURCE_EXHAUSTED); 0: "
+          "unlimited");
+ABSL_FLAG(int64_t, max_upload_streams, 10000,
+          "UploadTelemetry streams (workers' telemetry, one a worker) served at once; more are "
+          "refused (RESOURCE_EXHAUSTED); 0: unlimited");
 
 namespace meshrun::services {
 
 CoordinatorLimits CoordinatorLimitsFromFlags() {
-  return {.data_roots = absl::GetFlag(FLAGS_data_root),
+  return {.data_roots = RepeatedFlagValues("data_root", absl::GetFlag(FLAGS_data_root)),
           .submit_rate = absl::GetFlag(FLAGS_submit_rate),
           .submit_burst = absl::GetFlag(FLAGS_submit_burst),
           .history_retention = absl::GetFlag(FLAGS_history_retention),
           .history_max_steps = absl::GetFlag(FLAGS_history_max_steps),
           .worker_forget_after = absl::GetFlag(FLAGS_worker_forget_after),
-          .program_store_bytes = absl::GetFlag(FLAGS_program_store_bytes)};
+          .program_store_bytes = absl::GetFlag(FLAGS_program_store_bytes),
+          .job_retention = absl::GetFlag(FLAGS_job_retention),
+          .max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs),
+          .max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams),
+          .max_upload_streams = absl::GetFlag(FLAGS_max_upload_streams)};
 }
 
 }  // namespace meshrun::services

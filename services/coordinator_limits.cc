@@ -1,6 +1,7 @@
 #include "services/coordinator_limits.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <grpcpp/grpcpp.h>
 
@@ -22,7 +23,8 @@ std::string ClientKey(const grpc::ServerContextBase& context) {
 absl::StatusOr<std::unique_ptr<SubmitAdmission>> SubmitAdmission::Create(
     const CoordinatorLimits& limits, const std::string& state_dir) {
   auto out = std::unique_ptr<SubmitAdmission>(new SubmitAdmission());
-  ASSIGN_OR_RETURN(out->roots_, PathRoots::FromFlag(limits.data_roots, {state_dir}));
+  ASSIGN_OR_RETURN(out->roots_, PathRoots::FromFlag(limits.data_roots,
+                                       {std::filesystem::absolute(state_dir).string()}));
   ASSIGN_OR_RETURN(out->rate_, coordinator::RateLimiter::Create(
                                    {.per_second = limits.submit_rate,
                                     .burst = std::max(1.0, limits.submit_burst),

@@ -41,6 +41,14 @@ struct CoordinatorLimits {
   int64_t history_max_steps = 1000000;
   absl::Duration worker_forget_after = absl::Hours(1);  // DEAD/LEFT workers leave the registry
   int64_t program_store_bytes = int64_t{16} << 30;       // submitted programs on disk
+  // Concurrent telemetry streams: dashboards' WatchTelemetry, workers' UploadTelemetry (one
+  // each, plus a few while a job restarts); 0: unlimited. Past them: RESOURCE_EXHAUSTED.
+  // Finished jobs leave the job table (and their telemetry history goes) this long after
+  // they ended, and past the newest max_finished_jobs; zero: keep. Applied every minute.
+  absl::Duration job_retention = absl::Hours(24 * 7);
+  int64_t max_finished_jobs = 1000;
+  int64_t max_watch_streams = 1000;
+  int64_t max_upload_streams = 10000;
 };
 
 class SubmitAdmission {

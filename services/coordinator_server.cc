@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/background_tasks.h"
 #include "common/grpc_status.h"
@@ -23,6 +24,7 @@
 #include "services/runtime_setup.h"
 #include "services/proto_convert.h"
 #include "services/server_support.h"
+#include "services/stream_slots.h"
 #include "services/watch_stream.h"
 #include "services/unary_reactor.h"
 
@@ -34,9 +36,18 @@ namespace meshrun::services {
 class CoordinatorServer::UploadReactor final
     : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
  public:
+  // limits: `slot` counts the stream against --max_upload_streams; refused, the stream ends
+  // at once with its RESOURCE_EXHAUSTED.
   UploadReactor(CoordinatorTelemetry* telemetry, const JobMembership* membership,
-                grpc::CallbackServerContext* context)
+                grpc::CallbackServerContext* context, absl::StatusOr<StreamSlots::Slot> slot)
       : telemetry_(telemetry), membership_(membership), context_(context) {
+    if (!slot.ok()) {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      Finish(ToGrpcStatus(slot.status()));
+      return;
+    }
+    slot_ = std::move(*slot);
     StartRead(&in_);
   }
 
@@ -95,6 +106,7 @@ class CoordinatorServer::UploadReactor final
   CoordinatorTelemetry* const telemetry_;
   const JobMembership* const membership_;
   grpc::CallbackServerContext* const context_;
+  StreamSlots::Slot slot_;
   v1::HostSummary in_;
   absl::Mutex mu_;
   v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
@@ -110,7 +122,11 @@ class CoordinatorServer::Service final
     : public v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
           v1::Coordinator::CallbackService> {
  public:
-  explicit Service(CoordinatorRpcHandler* handler) : handler_(handler) {}
+  Service(CoordinatorRpcHandler* handler, const CoordinatorLimits& limits)
+      : handler_(handler),
+        watch_slots_(limits.max_watch_streams, "WatchTelemetry streams", "--max_watch_streams"),
+        upload_slots_(limits.max_upload_streams, "UploadTelemetry streams",
+                      "--max_upload_streams") {}
 
   grpc::ServerUnaryReactor* GetSupportedVersions(grpc::CallbackServerContext* context,
                                                  const v1::GetSupportedVersionsRequest* request,
@@ -200,11 +216,12 @@ class CoordinatorServer::Service final
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
-    return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context);
+    return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context,
+                             upload_slots_.Acquire());
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
       grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request);
+    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire());
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const v1::GetMetricsRequest* request,
@@ -288,6 +305,8 @@ class CoordinatorServer::Service final
   }
 
   CoordinatorRpcHandler* const handler_;
+  StreamSlots watch_slots_;   // limits: --max_watch_streams
+  StreamSlots upload_slots_;  // limits: --max_upload_streams
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Config config) {
@@ -365,6 +384,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                  absl::FormatDuration(2 * config.heartbeat_timeout));
   }
   server->clock_ = config.clock;
+  server->limits_ = config.limits;
   ASSIGN_OR_RETURN(server->progress_,
                    coordinator::ProgressMonitor::Create(
                        {.hang_timeout = config.hang_timeout, .clock = config.clock}));
@@ -383,7 +403,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
       server->telemetry_.get());
   server->handler_->SetAdmission(server->admission_.get());
-  server->service_ = std::make_unique<Service>(server->handler_.get());
+  server->service_ = std::make_unique<Service>(server->handler_.get(), config.limits);
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", config.listen, {server->service_.get()}));
   server->server_ = std::move(started.server);
@@ -417,14 +437,27 @@ void CoordinatorServer::SweepLiveness() {
     }
     launcher_->FailHungJobs();
     CheckRestoredJobs();
-    PruneHistoryEveryMinute();  // limits: --history_retention
+    PruneEveryMinute();
   }
 }
 
-void CoordinatorServer::PruneHistoryEveryMinute() {
+void CoordinatorServer::PruneEveryMinute() {
   const absl::Time now = clock_->Now();
   if (now - pruned_at_ < absl::Minutes(1)) return;
   pruned_at_ = now;
+  const std::vector<std::string> jobs =
+      jobs_->PruneFinished(limits_.job_retention, limits_.max_finished_jobs);
+  for (const std::string& id : jobs) {
+    int64_t n = 0;
+    (void)absl::SimpleAtoi(absl::StripPrefix(id, "job-"), &n);
+    admission_->programs()->Release(id);
+    if (absl::Status s = telemetry_->ForgetJob(id, n); !s.ok()) {
+      spdlog::error("job {} pruned, but its telemetry history stays: {}", id, s.ToString());
+    }
+  }
+  if (!jobs.empty()) {
+    spdlog::info("pruned {} finished jobs (--job_retention, --max_finished_jobs)", jobs.size());
+  }
   absl::StatusOr<int64_t> pruned = telemetry_->history().Prune();
   if (!pruned.ok()) spdlog::error("telemetry history retention: {}", pruned.status().ToString());
   if (pruned.ok() && *pruned > 0) spdlog::info("telemetry history: pruned {} summaries", *pruned);

@@ -164,8 +164,10 @@ class CoordinatorServer {
   // Once the workers had time to come back after a restart: fails each job restored RUNNING
   // whose workers did not re-register, naming them.
   void CheckRestoredJobs();
-  void PruneHistoryEveryMinute();  // sweeper only
-  absl::Time pruned_at_;           // sweeper only
+  // limits: --history_retention, and finished jobs past --job_retention/--max_finished_jobs.
+  void PruneEveryMinute();  // sweeper only
+  absl::Time pruned_at_;    // sweeper only
+  CoordinatorLimits limits_;
 
   std::unique_ptr<coordinator::WorkerRegistry> registry_;
   std::unique_ptr<coordinator::KeyValueStore> kv_;

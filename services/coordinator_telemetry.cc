@@ -201,6 +201,20 @@ void CoordinatorTelemetry::EndJob(const std::string& job_id) {
   }
 }
 
+absl::Status CoordinatorTelemetry::ForgetJob(const std::string& job_id, int64_t job_number) {
+  EndJob(job_id);
+  {
+    absl::MutexLock l(&steps_mu_);
+    latest_step_.erase(job_id);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    resumed_.erase(job_id);
+  }
+  step_times_.Forget(job_id);
+  return history_->ForgetJob(job_id, job_number);
+}
+
 bool CoordinatorTelemetry::HostEnded(const std::string& job_id, const std::string& host) {
   {
     absl::MutexLock lock(&mu_);
@@ -219,6 +233,8 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
   ASSIGN_OR_RETURN(std::vector<telemetry::HistoryStore::JobInfo> jobs, history_->ListJobs());
   std::vector<std::string> ids;
   for (const auto& job : jobs) ids.push_back(job.job_id);
+  ASSIGN_OR_RETURN(const int64_t forgotten, history_->HighestForgottenJob());
+  if (forgotten > 0) ids.push_back(absl::StrCat("job-", forgotten));
   return ids;
 }
 

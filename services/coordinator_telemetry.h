@@ -82,10 +82,15 @@ class CoordinatorTelemetry {
   absl::Status RestartJob(const v1::JobManifest& job);
   // Emits what is pending (partial where hosts are missing) and ends the job's watchers.
   void EndJob(const std::string& job_id);
+  // limits (--job_retention): forgets a finished job the job table pruned: ends it (EndJob),
+  // drops what is held for it in memory and its history (HistoryStore::ForgetJob, with
+  // `job_number` so its id is never reused). Errors: the store's.
+  absl::Status ForgetJob(const std::string& job_id, int64_t job_number);
   // A host of a job resumed after a restart ended it; the job ends when all its hosts did.
   // Returns false when the job is not a resumed one.
   bool HostEnded(const std::string& job_id, const std::string& host);
-  // Every job id with telemetry history (for ids that must not be reused after a restart).
+  // Every job id with telemetry history, and "job-<n>" of the highest forgotten one (for ids
+  // that must not be reused after a restart).
   absl::StatusOr<std::vector<std::string>> KnownJobs() const;
 
   // Validates, combines and commits one host summary; returns the host's persisted step.

@@ -152,5 +152,28 @@ TEST_F(CoordinatorTelemetryTest, LateSummaryOfADeadIncarnationIsRefusedAndNotSto
   EXPECT_EQ(telemetry.LatestStep("job-7"), 2);  // from b; a's refused step 3 counts nowhere
 }
 
+// limits (--job_retention): a pruned job's telemetry is gone (watch, history, saved manifest)
+// but its id stays known, so a restarted coordinator does not reuse it.
+TEST_F(CoordinatorTelemetryTest, ForgetJobDropsItsHistoryButNotItsId) {
+  {
+    auto telemetry = Open();
+    ASSERT_TRUE(telemetry->DeclareJob("job-7", job_.spec()).ok());
+    ASSERT_TRUE(telemetry->StartJob(job_).ok());
+    for (const char* host : {"a", "b"}) ASSERT_TRUE(telemetry->Accept(Host(host, 10, 1.0f)).ok());
+    ASSERT_TRUE(telemetry->history().SaveJob("job-7", job_.SerializeAsString()).ok());
+    telemetry->EndJob("job-7");
+    ASSERT_TRUE(telemetry->history().LatestStep("job-7").ok());
+    ASSERT_TRUE(telemetry->ForgetJob("job-7", 7).ok());
+    EXPECT_TRUE(absl::IsNotFound(telemetry->hub().Subscribe({.job_id = "job-7"}).status()));
+    EXPECT_TRUE(absl::IsNotFound(telemetry->history().LatestStep("job-7").status()));
+    EXPECT_TRUE(absl::IsNotFound(telemetry->history().Series("job-7").status()));
+    EXPECT_TRUE(telemetry->history().SavedJobs()->empty());
+    EXPECT_EQ(telemetry->LatestStep("job-7"), 0);
+    ASSERT_TRUE(telemetry->ForgetJob("job-3", 3).ok());  // a lower id keeps the highest
+  }
+  auto reopened = Open();
+  EXPECT_EQ(*reopened->KnownJobs(), std::vector<std::string>{"job-7"});
+}
+
 }  // namespace
 }  // namespace meshrun::services

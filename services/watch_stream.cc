@@ -33,8 +33,8 @@ grpc::ByteBuffer ToByteBuffer(const telemetry::Watcher::PopResult& item) {
 // gRPC's own threads.
 class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit WatchStream(std::shared_ptr<telemetry::Watcher> watcher)
-      : watcher_(std::move(watcher)) {
+  WatchStream(std::shared_ptr<telemetry::Watcher> watcher, StreamSlots::Slot slot)
+      : watcher_(std::move(watcher)), slot_(std::move(slot)) {
     watcher_->SetNotify([this] { Pump(); });
     Pump();
   }
@@ -88,6 +88,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   std::shared_ptr<telemetry::Watcher> watcher_;
+  StreamSlots::Slot slot_;  // limits: counts this stream against --max_watch_streams
   absl::Mutex mu_;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -104,8 +105,10 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(telemetry::WatchHub& hub,
-                                                             const grpc::ByteBuffer& request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
+    telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
+    absl::StatusOr<StreamSlots::Slot> slot) {
+  if (!slot.ok()) return new Refusal(slot.status());
   v1::WatchTelemetryRequest parsed;
   std::vector<grpc::Slice> slices;
   std::string bytes;
@@ -125,7 +128,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(telemetry::WatchHub
                            .host_detail = parsed.host_detail(),
                            .history_only = parsed.history_only()});
   if (!watcher.ok()) return new Refusal(watcher.status());
-  return new WatchStream(std::move(*watcher));
+  return new WatchStream(std::move(*watcher), std::move(*slot));
 }
 
 }  // namespace meshrun::services

@@ -18,14 +18,17 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "services/stream_slots.h"
 #include "telemetry/watch_hub.h"
 
 namespace meshrun::services {
 
 // Parses `request` (a WatchTelemetryRequest) and subscribes; a bad request or a refused
 // subscription ends the stream at once with the reason (INVALID_ARGUMENT unparsable request or
-// empty job_id; the hub's Subscribe errors).
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(telemetry::WatchHub& hub,
-                                                             const grpc::ByteBuffer& request);
+// empty job_id; the hub's Subscribe errors; `slot`'s error: RESOURCE_EXHAUSTED past
+// --max_watch_streams). The stream holds `slot` until it ends.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
+    telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
+    absl::StatusOr<StreamSlots::Slot> slot);
 
 }  // namespace meshrun::services

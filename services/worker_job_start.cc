@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_validation.h"
 #include "coordinator/progress_monitor.h"
+#include "coordinator/spec_limits.h"
 #include "services/array_batch_source.h"
 #include "services/server_support.h"
 #include "services/worker_checkpoints.h"
@@ -202,6 +203,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     return absl::FailedPreconditionError(
         "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
   }
+  // limits: the data, bundle and checkpoint paths a client chose, only under --data_root.
+  RETURN_IF_ERROR(coordinator::CheckWorkerSpecPaths(spec, data_roots_));
   const int attempt = manifest.attempts_size();
   std::unique_ptr<RunningJob> earlier_run;
   {

@@ -47,6 +47,10 @@ ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: number of CPU devices");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight work may take before it is cancelled");
 // limits (docs/limits.md)
+ABSL_FLAG(std::string, data_root, "",
+          "comma-separated directories (besides --state_dir; the flag may be repeated) where "
+          "jobs' example bundles, token shards, array files and checkpoints may lie; a job "
+          "naming any other path is refused");
 ABSL_FLAG(absl::Duration, upload_idle_timeout, absl::Seconds(60),
           "an executable upload that sends nothing for this long is cancelled");
 ABSL_FLAG(int64_t, executable_store_bytes, int64_t{32} << 30,
@@ -126,7 +130,9 @@ int main(int argc, char** argv) {
        .upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout),
        .executable_store_bytes = absl::GetFlag(FLAGS_executable_store_bytes),
        // `meshrun drain <host>`: the same path as systemctl stop (SIGTERM, awaited below).
-       .on_drain_request = [] { kill(getpid(), SIGTERM); }});
+       .on_drain_request = [] { kill(getpid(), SIGTERM); },
+       .data_roots = meshrun::services::RepeatedFlagValues("data_root",
+                                                           absl::GetFlag(FLAGS_data_root))});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   const int signal = meshrun::services::WaitForTerminationSignal();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include "absl/random/random.h"
@@ -278,7 +279,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
     RETURN_IF_ERROR(ParseHostPort("advertise_address", config.advertise_address).status());
   }
   RETURN_IF_ERROR(PrepareStateDir("state_dir", config.state_dir));
+  ASSIGN_OR_RETURN(PathRoots data_roots,
+                   PathRoots::FromFlag(config.data_roots,
+                                       {std::filesystem::absolute(config.state_dir).string()}));
   std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(config)));
+  server->data_roots_ = std::move(data_roots);
   server->uploader_ = std::make_unique<TelemetryUploader>(
       TelemetryUploader::Config{.coordinator = server->config_.coordinator});
   ASSIGN_OR_RETURN(server->executables_,

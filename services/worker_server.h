@@ -30,6 +30,7 @@
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "common/background_tasks.h"
 #include "common/idle_watchdog.h"
+#include "common/path_roots.h"
 #include "services/telemetry_uploader.h"
 #include "worker/checkpointing.h"
 #include "worker/executable_store.h"
@@ -63,9 +64,14 @@ class WorkerServer {
     // (Worker.Drain); it must return at once and start what SIGTERM starts. Empty: such
     // requests get FAILED_PRECONDITION.
     std::function<void()> on_drain_request;
+    // Comma-separated directories, besides state_dir, where a job's data may lie (example
+    // bundle, token shards, array file, checkpoints): --data_root. A job naming a path
+    // elsewhere is refused at StartJob.
+    std::string data_roots;
   };
 
-  // Errors: INVALID_ARGUMENT (bad address flag), FAILED_PRECONDITION (state directory
+  // Errors: INVALID_ARGUMENT (bad address flag, a --data_root that is not an absolute
+  // directory), FAILED_PRECONDITION (state directory
   // unusable), UNAVAILABLE (cannot listen); each names the flag; the runtime's error when
   // the plugin cannot be loaded. The coordinator being down is not an error: registration
   // keeps retrying in the background.
@@ -109,6 +115,7 @@ class WorkerServer {
   void ReportOutcome(const std::string& job_id, int attempt, const worker::LoopResult& result);
 
   const Config config_;
+  PathRoots data_roots_;  // state_dir plus config_.data_roots
   std::string advertise_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   // The coordinator's key-value store: the PJRT client's and host replicas' rendezvous.

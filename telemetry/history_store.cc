@@ -73,6 +73,9 @@ CREATE TABLE IF NOT EXISTS collecting(
 CREATE TABLE IF NOT EXISTS job_manifests(
   job_id TEXT PRIMARY KEY,
   manifest BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS forgotten_jobs(
+  singleton INTEGER PRIMARY KEY CHECK(singleton = 0),
+  highest INTEGER NOT NULL);
 )sql";
 
 absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {

@@ -189,6 +189,15 @@ class HistoryStore {
   // Applies the retention limits now; returns how many global summaries were deleted.
   absl::StatusOr<int64_t> Prune();
 
+  // Deletes everything stored for a job the coordinator forgot (a finished job past
+  // --job_retention): its series, summaries, points, host progress, collecting setup and saved
+  // manifest. `job_number` (the n of "job-<n>") raises HighestForgottenJob, so a restarted
+  // coordinator never reuses the id. No-op for an unknown job. Implemented in
+  // history_forget.cc.
+  absl::Status ForgetJob(const std::string& job_id, int64_t job_number);
+  // The highest job_number ForgetJob was given; 0 when none.
+  absl::StatusOr<int64_t> HighestForgottenJob() const;
+
  private:
   explicit HistoryStore(Config config) : config_(std::move(config)) {}
   absl::Status Open();

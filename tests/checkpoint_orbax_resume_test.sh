@@ -19,7 +19,7 @@ source "$(dirname "$0")/cluster_lib.sh"
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=w8 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=w8 \
   --cpu_devices=8 --state_dir="$tmp/w8" >"$tmp/w8.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "the worker did not register"

@@ -28,7 +28,7 @@ source "$(dirname "$0")/cluster_lib.sh"
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 start_worker() {
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=w8 \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=w8 \
     --cpu_devices=8 --state_dir="$tmp/w8" --drain_timeout=20s >>"$tmp/w8.log" 2>&1 &
   worker=$!
   pids+=($worker)

@@ -39,7 +39,7 @@ grep -q "state_dir" "$tmp/bad.txt" || fail "state dir error does not name the fl
 coordinator=$!; pids+=("$coordinator")
 await_coordinator "$tmp/coordinator.log"
 for w in 1 2; do
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --state_dir="$tmp/worker-$w" >"$tmp/worker-$w.log" 2>&1 &
   pids+=($!)
 done

@@ -13,6 +13,9 @@ await_coordinator() {
   wait_for "$1" "listening on port" || fail "coordinator did not start"
   port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$1" | head -1)
 }
+# --data_root for a test worker (it reads a job's files only there): the temp dir (token shards,
+# checkpoints, bundles a test writes) and, when `src` is set, the checkout's examples/.
+worker_data_root() { echo "--data_root=$tmp${src:+,$(cd "$src" && pwd)/examples}"; }
 cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
 # A manifest field's value from `meshrun get` output on stdin.
 field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }

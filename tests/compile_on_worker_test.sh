@@ -16,10 +16,10 @@ source "$(dirname "$0")/cluster_lib.sh"
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=tpu-host-0 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=tpu-host-0 \
   --state_dir="$tmp/worker" >"$tmp/worker.log" 2>&1 &
 pids+=($!)
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=no-plugin \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=no-plugin \
   --worker_index=1 --pjrt_plugin= --state_dir="$tmp/bare" >"$tmp/bare.log" 2>&1 &
 pids+=($!)
 cli workers --expect=2 --wait=30s >"$tmp/workers.txt" || fail "workers did not register"

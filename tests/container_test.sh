@@ -62,6 +62,7 @@ if [ -f "$prefix/share/meshrun/web/index.html" ]; then
 fi
 run worker meshrun-worker --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
   --host=container-0 --cpu_devices=8 --state_dir=/var/lib/meshrun/worker \
+  --data_root="$src/examples" \
   --pjrt_plugin="/usr/local/lib/meshrun/$(basename "$plugin")" >"$tmp/worker.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=60s >"$tmp/workers.txt" || fail "the containerized worker did not register"

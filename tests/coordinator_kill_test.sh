@@ -32,7 +32,7 @@ start_coordinator() {  # port, log number, flags...
 rows() { awk '$1 ~ /^[0-9]+$/ {print $1}' "$1"; }
 
 start_coordinator 0 1
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 worker=$!; pids+=("$worker")
 cli workers --expect=1 --wait=30s >/dev/null || fail "the worker did not register"

@@ -16,7 +16,7 @@ source "$(dirname "$0")/cluster_lib.sh"
   >"$tmp/coordinator.log" 2>&1 &
 coordinator=$!; pids+=("$coordinator")
 await_coordinator "$tmp/coordinator.log"
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --cpu_devices=1 --state_dir="$tmp/worker" --drain_timeout=3s >"$tmp/worker.log" 2>&1 &
 worker=$!; pids+=("$worker")
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"

@@ -30,7 +30,7 @@ wait_state() { for _ in $(seq "$2"); do [ "$(state_of "$1")" = "$3" ] && return 
 start_coordinator 1
 # Workers find a restarted coordinator on the same port, so pin it now.
 for w in 0 1; do
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --worker_index=$w --state_dir="$tmp/worker-$w" >"$tmp/worker-$w.log" 2>&1 &
   pids+=($!)
 done

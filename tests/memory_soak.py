@@ -120,9 +120,11 @@ def main():
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 jobs = stub.ListJobs(coordinator_pb2.ListJobsRequest(), timeout=60).jobs
-                if len(jobs) >= n and all(j.state in (job_pb2.JOB_STATE_FAILED,
-                                                      job_pb2.JOB_STATE_SUCCEEDED)
-                                          for j in jobs):
+                # job-<n> listed and every job final (earlier ones may be pruned already:
+                # --max_finished_jobs)
+                if any(j.job_id == f"job-{n}" for j in jobs) and all(
+                        j.state in (job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_SUCCEEDED)
+                        for j in jobs):
                     return jobs
                 time.sleep(0.2)
             raise SystemExit("jobs did not finish in time")

@@ -26,7 +26,7 @@ http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head
 [ -n "$http" ] || fail "no HTTP port logged"
 declare -A worker_pid
 start_worker() {  # host, worker index
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="$1" \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="$1" \
     --worker_index="$2" --cpu_devices=4 --state_dir="$tmp/$1" >>"$tmp/$1.log" 2>&1 &
   pids+=($!)
   worker_pid[$1]=$!

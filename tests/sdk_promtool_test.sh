@@ -18,7 +18,7 @@ pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head -1)
 [ -n "$http" ] || fail "no HTTP port logged"
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --state_dir="$tmp/worker-0" --cpu_devices=1 --log_format=json >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"

@@ -78,12 +78,12 @@ tls() { echo --tls_cert="$ca/$1.pem" --tls_key="$ca/$1.key" --tls_ca="$ca/ca.pem
 coordinator_pid=$!; pids+=($coordinator_pid)
 await_coordinator "$tmp/coordinator.log"
 for w in 0 1; do
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --worker_index=$w $(tls worker-$w) --state_dir="$tmp/worker-$w" >"$tmp/worker-$w.log" 2>&1 &
   pids+=($!)
 done
 # 2. worker-0's certificate cannot register as another host.
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=intruder \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=intruder \
   $(tls worker-0) --state_dir="$tmp/intruder" >"$tmp/intruder.log" 2>&1 &
 pids+=($!)
 scli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" --tls_ca="$ca/ca.pem" "$@"; }
@@ -123,7 +123,7 @@ if scli cancel "$job" >"$tmp/bad.txt" 2>&1; then fail "view token cancelled a jo
 # Host replicas on two 4-device workers: gloo's rendezvous through the key-value store works
 # for the job's own members (collectives/<job>/ keys, checked for membership).
 for w in 2 3; do
-  "$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --worker_index=$w --cpu_devices=4 $(tls worker-$w) --state_dir="$tmp/worker-$w" \
     >"$tmp/worker-$w.log" 2>&1 &
   pids+=($!)

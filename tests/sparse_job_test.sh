@@ -22,7 +22,7 @@ source "$(dirname "$0")/cluster_lib.sh"
   >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
 await_coordinator "$tmp/coordinator.log"
-"$bin/meshrun-worker" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
+"$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --worker_index=0 --cpu_devices=1 --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"

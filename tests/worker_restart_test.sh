@@ -17,7 +17,7 @@ pids+=($!)
 await_coordinator "$tmp/coordinator.log"
 
 start_worker() {  # $1: log name, $2: listen address
-  "$bin/meshrun-worker" --listen="$2" --coordinator="127.0.0.1:$port" --host=worker-0 \
+  "$bin/meshrun-worker" "$(worker_data_root)" --listen="$2" --coordinator="127.0.0.1:$port" --host=worker-0 \
     --worker_index=0 --cpu_devices=1 --state_dir="$tmp/worker" >"$tmp/$1.log" 2>&1 &
   worker=$!; pids+=("$worker")
   wait_for "$tmp/$1.log" "registered with coordinator" || fail "$1 did not register"

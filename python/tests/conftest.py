@@ -30,6 +30,10 @@ def _wait_for(path, pattern, timeout=30.0):
     raise TimeoutError(f"{pattern!r} not in {path}: {open(path).read()[-2000:]}")
 
 
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "examples")
+
+
 class Cluster:
     # One worker per device count the tests' meshes need (a mesh spans all of a host's
     # devices): the conv net's 2 x 2, and the examples' dp1 LM.
@@ -50,7 +54,9 @@ class Cluster:
             self.worker_pids = self._start(
                 [_bin("meshrun-worker"), "--listen=127.0.0.1:0", f"--coordinator={self.address}",
                  f"--host=worker-{w}", f"--worker_index={w}", f"--state_dir={tmp}/worker-{w}",
-                 f"--cpu_devices={n}"],
+                 f"--cpu_devices={n}",
+                 # the tests' bundles and data: pytest's temporary directories, the examples
+                 f"--data_root={tempfile.gettempdir()},{EXAMPLES}"],
                 wlog)
 
     def _start(self, argv, log):

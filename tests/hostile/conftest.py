@@ -18,6 +18,9 @@ from meshrun.v1 import worker_pb2 as wpb
 from meshrun.v1 import worker_pb2_grpc as wgrpc
 
 TIMEOUT = 10.0
+# The worker reads jobs' example bundles only here (its --data_root).
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "examples")
 
 
 def _bin(name):
@@ -60,7 +63,8 @@ class Cluster:
         wlog = os.path.join(tmp, "worker.log")
         self._start([_bin("meshrun-worker"), "--listen=127.0.0.1:0",
                      f"--coordinator={self.address}", "--host=host-a", "--worker_index=0",
-                     f"--state_dir={tmp}/worker", "--cpu_devices=1"], wlog)
+                     f"--state_dir={tmp}/worker", "--cpu_devices=1",
+                     f"--data_root={EXAMPLES}"], wlog)
         wport = _wait_for(wlog, r"listening on port (\d+)").group(1)
         self.worker_address = f"127.0.0.1:{wport}"
         opts = [("grpc.max_send_message_length", 64 << 20),

@@ -254,6 +254,27 @@ def test_worker_start_job_hostile_manifests(cluster):
                                             timeout=TIMEOUT), C.INVALID_ARGUMENT)
 
 
+def test_worker_refuses_data_outside_its_roots(cluster):
+    # The worker opens a job's files only under its --data_root (examples/ here), whatever the
+    # coordinator let through: each path naming /etc is refused before anything is opened.
+    def change(s, field, value):  # field: a dotted path in the spec
+        *parents, name = field.split(".")
+        message = s
+        for parent in parents:
+            message = getattr(message, parent)
+        setattr(message, name, value)
+        return s
+    for field, value in (("data.example_bundle", "/etc/passwd"),
+                         ("data.token_shards_glob", "/etc/*"),
+                         ("data.array_file", "/etc/hostname"),
+                         ("checkpoint.directory", "/etc/meshrun-checkpoints"),
+                         ("resume_from", "/etc")):
+        manifest = job_pb2.JobManifest(job_id="job-x", spec=change(spec(), field, value))
+        refused(cluster, lambda: cluster.worker.StartJob(
+            wpb.StartJobRequest(job_id="job-x", manifest=manifest), timeout=TIMEOUT),
+            C.INVALID_ARGUMENT, f'spec.{field} "{value}" is outside', "--data_root=")
+
+
 def test_worker_other_calls(cluster):
     w = cluster.worker
     refused(cluster, lambda: w.StopJob(wpb.StopJobRequest(job_id="job-404"), timeout=TIMEOUT),

@@ -111,7 +111,7 @@ netns_cluster() {
     else
       slice=(--worker_index="$index")
     fi
-    netns_spawn "$host" "$bin/meshrun-worker" --listen="$address:0" --insecure \
+    netns_spawn "$host" "$bin/meshrun-worker" "$(worker_data_root)" --listen="$address:0" --insecure \
       --coordinator="10.213.0.10:$port" --host="$host" "${slice[@]}" \
       --cpu_devices=4 --state_dir="$tmp/$host" >"$tmp/$host.log" 2>&1 &
     pids+=($!)
