@@ -416,5 +416,5 @@ int main(int argc, char** argv) {
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, checkpoint, watch, export, metrics, memory, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, checkpoint, drain, watch, export, metrics, memory, version", 2);
 }
