@@ -417,6 +417,7 @@ absl::Status StepLoop::RunSteps() {
     if (s < steps) RequestBatch(s + 1);
     std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
     for (size_t d = 0; d < devices_.size(); ++d) {
+      args[d].reserve(num_state + (*batch)[d].size());
       for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
       for (const auto& buffer : (*batch)[d]) args[d].push_back(buffer.get());
     }

@@ -260,6 +260,7 @@ absl::StatusOr<std::vector<HostArray>> ExampleRunner::Step(int index, const std:
   const auto& batch = batches_[index % batches_.size()];
   std::vector<std::vector<DeviceBuffer*>> args(state_.size());
   for (size_t p = 0; p < state_.size(); ++p) {
+    args[p].reserve(job_.num_state + batch[p].size());
     for (int i = 0; i < job_.num_state; ++i) args[p].push_back(state_[p][i].get());
     for (const auto& buffer : batch[p]) args[p].push_back(buffer.get());
   }

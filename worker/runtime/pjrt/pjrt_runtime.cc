@@ -318,15 +318,24 @@ using State = PjrtRuntime::State;
 class PjrtBuffer final : public DeviceBuffer {
  public:
   PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
-      : state_(std::move(state)), buffer_(buffer), shape_(std::move(shape)),
-        device_index_(device_index) {}
+      : state_(std::move(state)), buffer_(buffer), own_shape_(std::move(shape)),
+        shape_(&own_shape_), device_index_(device_index) {}
+  // An execution's output: its shape is `(*shapes)[index]`, the executable's, shared rather
+  // than copied (an allocation per output per step otherwise).
+  PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer,
+             std::shared_ptr<const std::vector<ArrayShape>> shapes, size_t index,
+             int device_index)
+      : state_(std::move(state)), buffer_(buffer), shapes_(std::move(shapes)),
+        shape_(&(*shapes_)[index]), device_index_(device_index) {}
+  PjrtBuffer(const PjrtBuffer&) = delete;
+  PjrtBuffer& operator=(const PjrtBuffer&) = delete;
   ~PjrtBuffer() override {
     PJRT_ARGS(PJRT_Buffer_Destroy_Args, destroy);
     destroy.buffer = buffer_;
     ErrorToStatus(state_->api, state_->api->PJRT_Buffer_Destroy(&destroy), "PJRT_Buffer_Destroy")
         .IgnoreError();
   }
-  const ArrayShape& shape() const override { return shape_; }
+  const ArrayShape& shape() const override { return *shape_; }
   int device_index() const override { return device_index_; }
   bool IsDeleted() const override {
     PJRT_ARGS(PJRT_Buffer_IsDeleted_Args, args);
@@ -340,7 +349,9 @@ class PjrtBuffer final : public DeviceBuffer {
  private:
   std::shared_ptr<State> state_;
   PJRT_Buffer* buffer_;
-  ArrayShape shape_;
+  ArrayShape own_shape_;
+  std::shared_ptr<const std::vector<ArrayShape>> shapes_;
+  const ArrayShape* shape_;  // own_shape_ or in shapes_
   int device_index_;
 };
 
@@ -356,7 +367,7 @@ class PjrtExecutable final : public Executable {
         .IgnoreError();
   }
   const std::vector<int>& device_indices() const override { return device_indices_; }
-  const std::vector<ArrayShape>& output_shapes() const override { return output_shapes_; }
+  const std::vector<ArrayShape>& output_shapes() const override { return *output_shapes_; }
   const std::optional<ProgramSignature>& signature() const override { return signature_; }
   const std::string& fingerprint() const override { return fingerprint_; }
 
@@ -366,8 +377,10 @@ class PjrtExecutable final : public Executable {
   const State* state() const { return state_.get(); }
   PJRT_LoadedExecutable* handle() const { return loaded_; }
   size_t num_outputs() const { return num_outputs_; }
-  // Every output's shape as compiled, when the plugin reports them; else empty.
-  bool knows_output_shapes() const { return output_shapes_.size() == num_outputs_; }
+  // Every output's shape as compiled, when the plugin reports them; else null.
+  const std::shared_ptr<const std::vector<ArrayShape>>& known_output_shapes() const {
+    return known_output_shapes_;
+  }
 
   // The inputs of [0, num_args) not in `donate`, as PJRT_ExecuteOptions wants them. A loop
   // passes the same list every step, so the answer is kept for the last list asked about.
@@ -378,7 +391,9 @@ class PjrtExecutable final : public Executable {
   std::shared_ptr<State> state_;
   PJRT_LoadedExecutable* loaded_;
   std::vector<int> device_indices_;
-  std::vector<ArrayShape> output_shapes_;
+  std::shared_ptr<std::vector<ArrayShape>> output_shapes_ =
+      std::make_shared<std::vector<ArrayShape>>();
+  std::shared_ptr<const std::vector<ArrayShape>> known_output_shapes_;  // set by Describe
   std::optional<ProgramSignature> signature_;
   std::string fingerprint_;
   size_t num_outputs_ = 0;
@@ -470,7 +485,7 @@ absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature)
         ArrayShape shape{FromPjrt(types.output_types[i]), {}};
         shape.dims.assign(next, next + dims.dim_sizes[i]);
         next += dims.dim_sizes[i];
-        output_shapes_.push_back(std::move(shape));
+        output_shapes_->push_back(std::move(shape));
       }
     }
     if (signature && PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) {
@@ -493,15 +508,16 @@ absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature)
                                                      " outputs, the program returns ",
                                                      num_outputs_));
     }
-    for (size_t i = 0; i < output_shapes_.size(); ++i) {
-      if (output_shapes_[i] != signature->outputs[i].shape) {
+    for (size_t i = 0; i < output_shapes_->size(); ++i) {
+      if ((*output_shapes_)[i] != signature->outputs[i].shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             "output ", i, " '", signature->outputs[i].name, "': signature declares ",
             ToString(signature->outputs[i].shape), ", the program returns ",
-            ToString(output_shapes_[i])));
+            ToString((*output_shapes_)[i])));
       }
     }
   }
+  if (output_shapes_->size() == num_outputs_) known_output_shapes_ = output_shapes_;
   signature_ = std::move(signature);
   return absl::OkStatus();
 }
@@ -898,22 +914,22 @@ absl::StatusOr<LaunchedExecution> PjrtRuntime::Launch(
   LaunchedExecution launched;
   launched.done = std::make_unique<PjrtExecution>(state_, std::move(done), start);
   launched.outputs.resize(num_devices);
-  const bool known_shapes = exe->knows_output_shapes();
+  const std::shared_ptr<const std::vector<ArrayShape>>& shapes = exe->known_output_shapes();
   absl::Status status;
   for (size_t d = 0; d < num_devices; ++d) {
     launched.outputs[d].reserve(num_outputs);
+    const int device = exe->device_indices()[d];
     for (size_t i = 0; i < num_outputs; ++i) {
       PJRT_Buffer* handle = outputs[d * num_outputs + i];
-      ArrayShape shape;
-      if (known_shapes) {
-        shape = exe->output_shapes()[i];
-      } else if (absl::StatusOr<ArrayShape> asked = BufferShape(api, handle); asked.ok()) {
-        shape = *std::move(asked);
-      } else if (status.ok()) {
-        status = asked.status();
+      if (shapes != nullptr) {
+        launched.outputs[d].push_back(
+            std::make_unique<PjrtBuffer>(state_, handle, shapes, i, device));
+        continue;
       }
-      launched.outputs[d].push_back(std::make_unique<PjrtBuffer>(state_, handle, std::move(shape),
-                                                                 exe->device_indices()[d]));
+      absl::StatusOr<ArrayShape> shape = BufferShape(api, handle);
+      if (status.ok()) status = shape.status();
+      launched.outputs[d].push_back(std::make_unique<PjrtBuffer>(
+          state_, handle, shape.ok() ? *std::move(shape) : ArrayShape{}, device));
     }
   }
   if (!status.ok()) {
