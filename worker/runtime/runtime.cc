@@ -108,7 +108,9 @@ absl::Status CheckExecuteArgs(const Executable& executable,
     }
     for (size_t i = 0; i < args[d].size(); ++i) {
       const DeviceBuffer* buffer = args[d][i];
-      if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(what(d, i), " is null"));
+      if (buffer == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(what(d, i), " is null"));
+      }
       if (check_donation_state && buffer->IsDeleted()) {
         return absl::FailedPreconditionError(
             absl::StrCat(what(d, i), " was donated to an earlier execution or deleted"));
