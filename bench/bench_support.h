@@ -36,6 +36,13 @@ inline double ProcessCpuSeconds() {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+// CPU time of the calling thread in seconds.
+inline double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 // The median; the mean of the middle two for an even count.
 inline double Median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -1,9 +1,10 @@
 // Distributing one 256 MiB executable to 2 workers over loopback, all in this process:
 //   meshrun   the coordinator's path: an ExecutableCache entry streamed by
 //             services::SendExecutable (as JobLauncher does), each 1 MiB chunk read from the
-//             cache file into the buffer gRPC sends, to two real WorkerServers, whose upload
-//             thread appends each chunk to a temp file and hashes it (sha256) while the next
-//             arrives; on the last one they verify it and acknowledge. Timed until both
+//             cache file into the buffer gRPC sends with its CRC-32C, to two real WorkerServers,
+//             whose upload thread checks each chunk's CRC and appends it to a temp file while
+//             the next arrives (the sha256 waits for the load, bench/README.md "Integrity");
+//             on the last one they check the length and acknowledge. Timed until both
 //             acknowledged, as JobLauncher waits; the stores' flushers then make the files
 //             durable, and the bench waits for that, untimed, before the next transfer.
 //   grpc      the same bytes, from memory, in 1 MiB chunks (same message type, same channel
@@ -287,7 +288,7 @@ int main(int argc, char** argv) {
   }
   clear_stores();
   const double m = Median(meshrun_mbs), g = Median(grpc_mbs);
-  std::printf("meshrun (cache -> LoadExecutable -> sha256 + store): median %.0f MB/s "
+  std::printf("meshrun (cache -> LoadExecutable -> CRC-32C + store): median %.0f MB/s "
               "(%.2f s for both workers)\n", m, total_mb / m);
   std::printf("plain gRPC client stream to a discarding server:    median %.0f MB/s "
               "(%.2f s for both workers)\n", g, total_mb / g);

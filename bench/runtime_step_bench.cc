@@ -7,6 +7,9 @@
 // model runs `steps` steps on one side, then on the other (which side goes first alternates),
 // and the round's ratio is meshrun steps/s over JAX steps/s. A neighbour's load that comes and
 // goes then hits both sides of a round alike; the median over rounds and its spread are printed.
+// Both sides dispatch asynchronously: meshrun's ExampleRunner launches step k+1 before waiting for
+// step k (two in flight, as the worker's StepLoop), JAX returns before its step ran; each side's
+// time ends when its last step is done.
 // Also compares the time to compile the LM step with the time to deserialize-and-load it.
 //
 // Prints absolute figures and per-round ratios, then (higher is better):
@@ -15,7 +18,8 @@
 //   ratio steps_vs_jax <median over rounds of the transformer's meshrun/JAX steps/s>
 //
 // Usage: meshrun_runtime_step_bench [--quick] [--mesh dp8|dp4_tp2|dp1] [--rounds R]
-//                                   [--steps N] [--small_steps N]
+//                                   [--steps N] [--small_steps N] [--model small|lm]
+// --model runs one model only (for profiling, e.g. under valgrind --tool=callgrind).
 // Needs the CPU plugin (scripts/setup.sh); without the JAX venv no steps_vs_jax ratio is printed.
 #include <signal.h>
 #include <sys/stat.h>
@@ -43,6 +47,7 @@ using meshrun::bench::Fail;
 using meshrun::bench::Median;
 using meshrun::bench::Now;
 using meshrun::bench::Spread;
+using meshrun::bench::ThreadCpuSeconds;
 
 // The JAX baseline as a child process speaking bench/runtime_jax_baseline.py's protocol.
 class JaxProcess {
@@ -119,6 +124,7 @@ struct Model {
   std::unique_ptr<ExampleRunner> runner;
   int next_index = 0;
   std::vector<double> meshrun, jax, ratios;  // steps/s per round, and their ratio
+  std::vector<double> host_us;  // CPU of the loop's thread per step, µs, per round
 };
 
 }  // namespace
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string mesh = "dp8";
   int rounds = 7, steps = 10, small_steps = 300;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -138,10 +145,13 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--small_steps") == 0 && i + 1 < argc) {
       small_steps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "small") == 0 || std::strcmp(argv[i + 1], "lm") == 0)) {
+      only = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--mesh dp8|dp4_tp2|dp1] [--rounds R] [--steps N] "
-                   "[--small_steps N]\n", argv[0]);
+                   "[--small_steps N] [--model small|lm]\n", argv[0]);
       return 2;
     }
   }
@@ -161,8 +171,9 @@ int main(int argc, char** argv) {
               ToString((*runtime)->identity()).c_str(), (*runtime)->addressable_devices().size(),
               mesh.c_str(), rounds, steps, small_steps, warmup);
 
-  Model models[2] = {{"small", "mlp_classifier", small_steps, nullptr},
-                     {"lm", "transformer_lm", steps, nullptr}};
+  std::vector<Model> models;
+  if (only != "lm") models.push_back({"small", "mlp_classifier", small_steps, nullptr});
+  if (only != "small") models.push_back({"lm", "transformer_lm", steps, nullptr});
   for (Model& model : models) {
     absl::StatusOr<ExampleJob> job = LoadExampleJob(std::string(MESHRUN_SOURCE_DIR) +
                                                     "/examples/" + model.directory + "/" + mesh +
@@ -175,28 +186,32 @@ int main(int argc, char** argv) {
   }
 
   // Compile, then load the same LM executable from its serialized bytes.
-  ExampleRunner& lm = *models[1].runner;
-  const double compile_s = absl::ToDoubleSeconds(lm.step_compile_time());
-  absl::StatusOr<std::string> bytes = (*runtime)->Serialize(lm.step_executable());
-  if (!bytes.ok()) return Fail("serialize", bytes.status());
-  std::vector<double> load_times;
-  for (int i = 0; i < loads; ++i) {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::unique_ptr<Executable>> loaded =
-        (*runtime)->DeserializeAndLoad(*bytes, lm.job().step.Signature());
-    if (!loaded.ok()) return Fail("deserialize-and-load", loaded.status());
-    load_times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  double compile_s = 0, load_s = 0;
+  if (only != "small") {
+    ExampleRunner& lm = *models.back().runner;
+    compile_s = absl::ToDoubleSeconds(lm.step_compile_time());
+    absl::StatusOr<std::string> bytes = (*runtime)->Serialize(lm.step_executable());
+    if (!bytes.ok()) return Fail("serialize", bytes.status());
+    std::vector<double> load_times;
+    for (int i = 0; i < loads; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::unique_ptr<Executable>> loaded =
+          (*runtime)->DeserializeAndLoad(*bytes, lm.job().step.Signature());
+      if (!loaded.ok()) return Fail("deserialize-and-load", loaded.status());
+      load_times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    load_s = Median(load_times);
+    std::printf("LM step compile: %.3f s; serialized executable %zu bytes; deserialize-and-load "
+                "(median of %d): %.4f s\n",
+                compile_s, bytes->size(), loads, load_s);
   }
-  const double load_s = Median(load_times);
-  std::printf("LM step compile: %.3f s; serialized executable %zu bytes; deserialize-and-load "
-              "(median of %d): %.4f s\n",
-              compile_s, bytes->size(), loads, load_s);
 
   for (Model& model : models) {
     if (absl::Status s = model.runner->Initialize(); !s.ok()) return Fail("init", s);
     for (int i = 0; i < warmup; ++i) {
       if (auto s = model.runner->Step(model.next_index++); !s.ok()) return Fail("step", s.status());
     }
+    if (absl::Status s = model.runner->Finish(); !s.ok()) return Fail("step", s);
   }
   JaxProcess jax;
   const bool have_jax = jax.Start(mesh);
@@ -205,13 +220,19 @@ int main(int argc, char** argv) {
   auto run_meshrun = [&](Model& model) -> double {
     const RuntimeCounters before = (*runtime)->counters();
     const double start = Now();
+    const double cpu_start = ThreadCpuSeconds();
     for (int i = 0; i < model.steps; ++i) {
       if (auto s = model.runner->Step(model.next_index++); !s.ok()) {
         Fail("step", s.status());
         return 0;
       }
     }
+    if (absl::Status s = model.runner->Finish(); !s.ok()) {  // as JAX's block_until_ready
+      Fail("step", s);
+      return 0;
+    }
     const double rate = model.steps / (Now() - start);
+    model.host_us.push_back((ThreadCpuSeconds() - cpu_start) / model.steps * 1e6);
     const RuntimeCounters after = (*runtime)->counters();
     if (after.host_to_device.count != before.host_to_device.count ||
         after.device_to_host.count != before.device_to_host.count) {
@@ -254,14 +275,20 @@ int main(int argc, char** argv) {
   for (const Model& model : models) {
     std::printf("%s (%s/%s): meshrun steps/s %s\n", model.jax_name, model.directory,
                 mesh.c_str(), Spread(model.meshrun, 2).c_str());
+    // The host's own work per step (launch, argument checks, waiting is not CPU): what the
+    // runtime adds on top of the plugin's compute threads.
+    std::printf("%s: meshrun loop-thread CPU per step, us: %s\n", model.jax_name,
+                Spread(model.host_us, 1).c_str());
     if (!have_jax) continue;
     std::printf("%s: jax steps/s %s\n", model.jax_name, Spread(model.jax, 2).c_str());
     std::printf("%s: per-round meshrun/jax %s\n", model.jax_name, Spread(model.ratios).c_str());
   }
-  std::printf("ratio compile_over_load %.4f\n", compile_s / load_s);
-  if (have_jax) {
-    std::printf("ratio steps_vs_jax_small %.4f\n", Median(models[0].ratios));
-    std::printf("ratio steps_vs_jax %.4f\n", Median(models[1].ratios));
+  if (load_s > 0) std::printf("ratio compile_over_load %.4f\n", compile_s / load_s);
+  for (const Model& model : models) {
+    if (!have_jax) break;
+    std::printf("ratio %s %.4f\n",
+                std::strcmp(model.jax_name, "small") == 0 ? "steps_vs_jax_small" : "steps_vs_jax",
+                Median(model.ratios));
   }
   return 0;
 }

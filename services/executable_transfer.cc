@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/crc32c.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "services/server_support.h"
@@ -25,19 +26,25 @@ void AppendVarint(uint64_t value, std::string* out) {
 }
 
 // One LoadExecutableChunk read straight into the buffer gRPC sends: the small fields
-// serialized by protobuf, then `data`'s key and length by hand, then the bytes from the cache
-// file (protobuf accepts fields in any order, so this parses as the message). No staging
-// buffer and no serialization copy of the payload.
+// serialized by protobuf, then `crc32c` (fixed32) and `data`'s key and length by hand, then the
+// bytes from the cache file (protobuf accepts fields in any order, so this parses as the
+// message); the CRC of the bytes is filled in once they are read. No staging buffer and no
+// serialization copy of the payload.
 absl::StatusOr<grpc::ByteBuffer> EncodeChunk(const v1::LoadExecutableChunk& fields,
                                              const coordinator::CachedExecutable& executable,
                                              uint64_t offset, size_t size) {
   std::string head = fields.SerializeAsString();
+  AppendVarint(v1::LoadExecutableChunk::kCrc32CFieldNumber << 3 | 5, &head);  // fixed32
+  const size_t crc_at = head.size();
+  head.append(4, '\0');
   AppendVarint(v1::LoadExecutableChunk::kDataFieldNumber << 3 | 2, &head);  // length-delimited
   AppendVarint(size, &head);
   grpc::Slice slice(head.size() + size);  // uninitialized, ours alone until written
   char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
   std::memcpy(out, head.data(), head.size());
   RETURN_IF_ERROR(executable.ReadAt(offset, absl::MakeSpan(out + head.size(), size)));
+  const uint32_t crc = Crc32c(absl::string_view(out + head.size(), size));
+  for (int i = 0; i < 4; ++i) out[crc_at + i] = static_cast<char>(crc >> (8 * i));  // little-endian
   return grpc::ByteBuffer(&slice, 1);
 }
 

@@ -1,7 +1,8 @@
 // The coordinator's side of an executable transfer: streams a cached executable to a worker's
 // LoadExecutable in chunks of at most 1 MiB, the first naming the fingerprint (its sha256) and
-// size, the last carrying the sha256 the worker verifies before keeping anything. Each chunk is
-// read from the cache file straight into the buffer gRPC sends.
+// size, the last carrying the sha256 the worker verifies (on receive or on load: bench/README.md,
+// "Integrity of executable transfers"), every one its CRC-32C. Each chunk is read from the cache
+// file straight into the buffer gRPC sends.
 //
 // Thread-safety: SendExecutable may run concurrently, to the same or different workers.
 #pragma once

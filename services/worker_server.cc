@@ -103,15 +103,19 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
 };
 
 // Receives one executable: chunks go straight into an ExecutableStore upload, so nothing is
-// visible until the whole artifact arrived and matched its sha256. The upload hashes and
-// writes on its own thread while the next chunks arrive.
+// visible until the whole artifact arrived and was checked. The upload checks (crc32c or
+// sha256) and writes on its own thread while the next chunks arrive.
+//
+// When the sha256 is checked (bench/README.md, "Integrity of executable transfers"): from an
+// authenticated TLS peer, or when the chunks carry a crc32c (a plaintext link), only on load
+// (Verify::kOnRead); from a plaintext sender without crc32c, also on receive.
 class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadExecutableChunk> {
  public:
   LoadReactor(WorkerServer* owner, grpc::CallbackServerContext* context,
-              v1::LoadExecutableResponse* response, worker::ExecutableStore::Verify verify)
+              v1::LoadExecutableResponse* response, bool authenticated)
       : owner_(owner),
         response_(response),
-        verify_(verify),
+        authenticated_(authenticated),
         idle_(owner->idle_uploads_->Watch([context] { context->TryCancel(); })) {
     StartRead(&chunk_);
   }
@@ -136,12 +140,21 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
       if (owner_->executables_->Has(chunk_.fingerprint())) {
         return absl::AlreadyExistsError("executable already held");
       }
+      crc_ = chunk_.has_crc32c();
+      const auto verify = authenticated_ || crc_ ? worker::ExecutableStore::Verify::kOnRead
+                                                 : worker::ExecutableStore::Verify::kOnReceive;
       ASSIGN_OR_RETURN(upload_, owner_->executables_->Begin(chunk_.fingerprint(),
-                                                            chunk_.total_bytes(), verify_));
+                                                            chunk_.total_bytes(), verify));
       fingerprint_ = chunk_.fingerprint();
+    } else if (crc_ && !chunk_.has_crc32c()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk at offset ", chunk_.offset(),
+          " carries no crc32c; the first chunk did, so every chunk must"));
     }
     // The chunk's bytes go to the upload's writer thread; chunk_ gets a used buffer back.
-    RETURN_IF_ERROR(upload_->Append(chunk_.offset(), chunk_.mutable_data()));
+    RETURN_IF_ERROR(upload_->Append(
+        chunk_.offset(), chunk_.mutable_data(),
+        chunk_.has_crc32c() ? std::optional<uint32_t>(chunk_.crc32c()) : std::nullopt));
     if (!chunk_.sha256().empty()) sha256_ = chunk_.sha256();
     return absl::OkStatus();
   }
@@ -165,7 +178,8 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
 
   WorkerServer* const owner_;
   v1::LoadExecutableResponse* const response_;
-  const worker::ExecutableStore::Verify verify_;
+  const bool authenticated_;  // a TLS peer: its records are authenticated
+  bool crc_ = false;          // the first chunk carried a crc32c
   v1::LoadExecutableChunk chunk_;
   std::unique_ptr<worker::ExecutableStore::Upload> upload_;
   std::string fingerprint_;
@@ -175,13 +189,9 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
 
 grpc::ServerReadReactor<v1::LoadExecutableChunk>* WorkerServer::Service::LoadExecutable(
     grpc::CallbackServerContext* context, v1::LoadExecutableResponse* response) {
-  // A peer authenticated by TLS: every record is authenticated, so the sha256 waits for the
-  // load (bench/README.md, "Integrity of executable transfers"); plaintext hashes on receive.
   const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
   return new LoadReactor(owner_, context, response,
-                         auth != nullptr && auth->IsPeerAuthenticated()
-                             ? worker::ExecutableStore::Verify::kOnRead
-                             : worker::ExecutableStore::Verify::kOnReceive);
+                         auth != nullptr && auth->IsPeerAuthenticated());
 }
 
 // Compiles on the calling gRPC thread (a coordinator asks once per cache key), then streams

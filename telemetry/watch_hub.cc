@@ -190,9 +190,10 @@ bool Watcher::closed() const {
   return final_ || ended_;
 }
 
-bool Watcher::Push(const Shared& full, const Shared& no_detail) {
+bool Watcher::Push(const Shared& full, const Shared& no_detail, bool* closed) {
   absl::MutexLock l(&mu_);
-  if (final_ || ended_) return false;
+  *closed = final_ || ended_;
+  if (*closed) return false;
   if (live_.size() >= capacity_) {
     AbortLocked(absl::ResourceExhaustedError(absl::StrCat(
         "watcher of job ", job_id_, " fell behind (more than ", capacity_,
@@ -357,8 +358,11 @@ absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
     size_t kept = 0;
     for (size_t i = 0; i < watchers.size(); ++i) {
       std::shared_ptr<Watcher> watcher = watchers[i].lock();
-      if (watcher == nullptr || watcher->closed()) continue;  // dropped or closed: forget it
-      if (watcher->Push(full, no_detail)) notify.push_back(std::move(watcher));
+      if (watcher == nullptr) continue;  // dropped: forget it
+      bool closed = false;
+      const bool wake = watcher->Push(full, no_detail, &closed);
+      if (closed) continue;  // closed: forget it
+      if (wake) notify.push_back(std::move(watcher));
       watchers[kept++] = watchers[i];
     }
     watchers.resize(kept);

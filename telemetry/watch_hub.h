@@ -130,8 +130,10 @@ class Watcher {
 
   // Called by the hub with its lock held. Each returns true when it made something available
   // to a consumer waiting after kEmpty: the hub then has Notify() called, without its lock.
-  // `full` is the published summary, `no_detail` the same without host_detail.
-  bool Push(const Shared& full, const Shared& no_detail);
+  // `full` is the published summary, `no_detail` the same without host_detail. Push sets
+  // `*closed` when the watcher takes no more (closed, ended, aborted before this push): the hub
+  // then forgets it. One lock per delivery, closed or not.
+  bool Push(const Shared& full, const Shared& no_detail, bool* closed);
   // The job rewound to event.summary->step(): drops the queued summaries after it and, when
   // this watcher delivered steps after it, queues the event next (see WatchHub::Rewind).
   bool Rewind(const Shared& event);

@@ -1,11 +1,14 @@
 // Executable transfers as the coordinator makes them, to a real worker on 127.0.0.1:0:
 // an artifact above 2 GiB arrives whole and verified; a corrupt or truncated stream is
-// refused with DATA_LOSS and leaves nothing in the worker's store.
+// refused with DATA_LOSS and leaves nothing in the worker's store, by its chunks' CRC-32C or
+// (from a sender without them) by its sha256; with CRCs the sha256 is checked on load.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
+#include "common/crc32c.h"
 #include "common/sha256.h"
 #include "coordinator/executable_cache.h"
 #include "services/executable_transfer.h"
@@ -97,9 +100,15 @@ TEST_F(ExecutableTransferTest, ArtifactAboveTwoGibArrivesWholeAndVerified) {
   EXPECT_EQ(SendExecutable(channel_, **entry).code(), absl::StatusCode::kAlreadyExists);
 }
 
+struct RawOptions {
+  bool crc = false;               // every chunk carries its CRC-32C
+  bool crc_first_only = false;    // only the first does
+  int64_t flip_after_crc = -1;    // this byte is flipped after its chunk's CRC was taken
+};
+
 // Streams `bytes` in 1 MiB chunks, announcing `total` bytes and `sha256` at the end.
 absl::Status SendRaw(v1::Worker::Stub& stub, const std::string& bytes, int64_t total,
-                     const std::string& sha256) {
+                     const std::string& sha256, const RawOptions& options = {}) {
   auto context = ContextWithTimeout(absl::Seconds(30));
   v1::LoadExecutableResponse response;
   auto writer = stub.LoadExecutable(context.get(), &response);
@@ -111,6 +120,13 @@ absl::Status SendRaw(v1::Worker::Stub& stub, const std::string& bytes, int64_t t
     }
     chunk.set_offset(static_cast<int64_t>(offset));
     chunk.set_data(bytes.substr(offset, 1 << 20));
+    if (options.crc || (options.crc_first_only && offset == 0)) {
+      chunk.set_crc32c(Crc32c(chunk.data()));
+    }
+    const int64_t flip = options.flip_after_crc - static_cast<int64_t>(offset);
+    if (flip >= 0 && flip < static_cast<int64_t>(chunk.data().size())) {
+      (*chunk.mutable_data())[flip] ^= 0x40;  // corrupted on its way
+    }
     if (offset + (1 << 20) >= bytes.size()) chunk.set_sha256(sha256);
     if (!writer->Write(chunk)) break;
   }
@@ -131,6 +147,42 @@ TEST_F(ExecutableTransferTest, CorruptOrTruncatedTransfersAreRefusedAndLeaveNoth
   // The intact stream afterwards is accepted.
   EXPECT_TRUE(SendRaw(*stub_, bytes, bytes.size(), digest).ok());
   EXPECT_EQ(StoredFiles(), 1u);
+}
+
+// Plaintext chunks carry a CRC-32C: a chunk corrupted in transit is refused with DATA_LOSS at
+// once, and nothing is kept; a sender that starts with CRCs must keep sending them.
+TEST_F(ExecutableTransferTest, ChunkCorruptedInTransitIsRefusedByItsCrc) {
+  const std::string bytes = PseudoRandomBytes((3 << 20) + 11);
+  const std::string digest = Sha256Hex(bytes);
+  const absl::Status corrupted = SendRaw(*stub_, bytes, bytes.size(), digest,
+                                         {.crc = true, .flip_after_crc = (1 << 20) + 5});
+  EXPECT_EQ(corrupted.code(), absl::StatusCode::kDataLoss) << corrupted;
+  EXPECT_TRUE(absl::StrContains(corrupted.message(), "chunk at offset 1048576 was corrupted"))
+      << corrupted;
+  const absl::Status mixed =
+      SendRaw(*stub_, bytes, bytes.size(), digest, {.crc_first_only = true});
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument) << mixed;
+  EXPECT_TRUE(absl::StrContains(mixed.message(), "carries no crc32c")) << mixed;
+  EXPECT_EQ(StoredFiles(), 0u);
+  EXPECT_TRUE(SendRaw(*stub_, bytes, bytes.size(), digest, {.crc = true}).ok());
+  EXPECT_EQ(StoredFiles(), 1u);
+}
+
+// With chunk CRCs the worker leaves the sha256 to the load, which refuses bytes that do not
+// hash to their fingerprint (a sender that lied, or the disk) with DATA_LOSS and deletes them.
+TEST_F(ExecutableTransferTest, WithChunkCrcsTheSha256IsCheckedOnLoad) {
+  const std::string bytes = PseudoRandomBytes((2 << 20) + 3);
+  const std::string claimed = Sha256Hex("something else");
+  ASSERT_TRUE(SendRaw(*stub_, bytes, bytes.size(), claimed, {.crc = true}).ok());
+  for (int i = 0; i < 200 && !std::filesystem::exists(StoredPath(claimed)); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(StoredPath(claimed))) << "not flushed within 10 s";
+  auto store = worker::ExecutableStore::Create(Dir("worker") + "/executables");
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::string> loaded = (*store)->Read(claimed);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_FALSE(std::filesystem::exists(StoredPath(claimed)));
 }
 
 // A cache file damaged after its lookup (here: shrunk) ends the transfer with DATA_LOSS,

@@ -17,7 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/crc32c.h"
 #include "common/file_sync.h"
 #include "common/lru.h"
 #include "common/status_macros.h"
@@ -241,19 +243,28 @@ void ExecutableStore::Upload::StopWriter() {
 void ExecutableStore::Upload::WriteLoop() {
   std::function<void()> wake;
   for (;;) {
-    std::string data;
+    Chunk chunk;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &Upload::HasWork));
       if (queue_.empty()) return;  // closing
-      data = std::move(queue_.front());
+      chunk = std::move(queue_.front());
       queue_.pop_front();
       wake = std::move(wake_);
       wake_ = nullptr;
     }
     if (wake) std::exchange(wake, nullptr)();  // room again: the caller can receive meanwhile
+    std::string& data = chunk.data;
     absl::Status status;
-    for (size_t done = 0; done < data.size();) {
+    if (chunk.crc32c.has_value()) {
+      if (const uint32_t crc = Crc32c(data); crc != *chunk.crc32c) {
+        status = absl::DataLossError(absl::StrFormat(
+            "chunk at offset %d was corrupted in transit: its bytes have CRC-32C %08x, the "
+            "chunk announced %08x",
+            chunk.offset, crc, *chunk.crc32c));
+      }
+    }
+    for (size_t done = 0; status.ok() && done < data.size();) {
       const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
@@ -301,19 +312,21 @@ absl::Status ExecutableStore::Upload::Check(int64_t offset, size_t size) const {
   return absl::OkStatus();
 }
 
-absl::Status ExecutableStore::Upload::Append(int64_t offset, absl::string_view data) {
+absl::Status ExecutableStore::Upload::Append(int64_t offset, absl::string_view data,
+                                             std::optional<uint32_t> crc32c) {
   std::string copy(data);
-  return Append(offset, &copy);
+  return Append(offset, &copy, crc32c);
 }
 
-absl::Status ExecutableStore::Upload::Append(int64_t offset, std::string* data) {
+absl::Status ExecutableStore::Upload::Append(int64_t offset, std::string* data,
+                                             std::optional<uint32_t> crc32c) {
   RETURN_IF_ERROR(Check(offset, data->size()));
   if (!writer_.joinable()) return absl::FailedPreconditionError("upload already committed");
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &Upload::HasRoom));
   RETURN_IF_ERROR(write_status_);
   received_ += static_cast<int64_t>(data->size());
-  queue_.push_back(std::move(*data));
+  queue_.push_back(Chunk{offset, std::move(*data), crc32c});
   data->clear();
   if (!spare_.empty()) {
     data->swap(spare_.back());

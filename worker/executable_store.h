@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,14 +44,19 @@ class ExecutableStore {
    public:
     static constexpr int kMaxQueuedChunks = 4;
     ~Upload();  // an unfinished upload is discarded
+    // With `crc32c`, the upload's thread checks the chunk against it (common/crc32c.h) before
+    // writing it: a chunk corrupted in transit fails the upload with DATA_LOSS, reported by the
+    // next Append or by Commit.
     // Errors: INVALID_ARGUMENT (offset not where the previous chunk ended, chunk over 1 MiB,
-    // more bytes than announced), INTERNAL (an earlier chunk's write failed),
-    // FAILED_PRECONDITION (after Commit).
-    absl::Status Append(int64_t offset, absl::string_view data);
+    // more bytes than announced), INTERNAL (an earlier chunk's write failed), DATA_LOSS (an
+    // earlier chunk did not match its crc32c), FAILED_PRECONDITION (after Commit).
+    absl::Status Append(int64_t offset, absl::string_view data,
+                        std::optional<uint32_t> crc32c = std::nullopt);
     // The same, taking the bytes of `*data` without copying them; `*data` is left empty,
     // holding a buffer of an earlier chunk when one is free, so that refilling it (the next
     // message parsed into it) need not allocate and fault in fresh memory.
-    absl::Status Append(int64_t offset, std::string* data);
+    absl::Status Append(int64_t offset, std::string* data,
+                        std::optional<uint32_t> crc32c = std::nullopt);
     // Whether Append can queue another chunk without waiting. If not, `wake` runs once, on the
     // upload's thread, as soon as it can (or a write failed), so an asynchronous caller can
     // stop receiving meanwhile instead of blocking its thread.
@@ -59,8 +65,8 @@ class ExecutableStore {
     // and the fingerprint; with Verify::kOnRead only that they are equal), and hands the file
     // to the store: readable from now on, durable once the flusher is done with it. Call at
     // most once.
-    // Errors: DATA_LOSS (truncated or checksum mismatch; discarded), INTERNAL (a write
-    // failed: discarded), FAILED_PRECONDITION (called twice).
+    // Errors: DATA_LOSS (truncated, checksum or crc32c mismatch; discarded), INTERNAL (a
+    // write failed: discarded), FAILED_PRECONDITION (called twice).
     absl::Status Commit(const std::string& sha256);
     int64_t received() const { return received_; }
 
@@ -69,7 +75,12 @@ class ExecutableStore {
     Upload(ExecutableStore* store, std::string fingerprint, int64_t total, std::string temp_path,
            int fd, bool hash);
     absl::Status Check(int64_t offset, size_t size) const;
-    void WriteLoop();  // the upload's thread: hashes and writes queued chunks in order
+    struct Chunk {
+      int64_t offset = 0;
+      std::string data;
+      std::optional<uint32_t> crc32c;
+    };
+    void WriteLoop();  // the upload's thread: checks, hashes and writes queued chunks in order
     void StopWriter();  // finishes the queue (emptied first when discarding) and joins
     bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || closing_; }
     bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -85,7 +96,7 @@ class ExecutableStore {
     int64_t received_ = 0;  // queued bytes; the caller's thread only
     bool done_ = false;
     absl::Mutex mu_;
-    std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+    std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
     std::vector<std::string> spare_ ABSL_GUARDED_BY(mu_);  // written chunks' buffers, for reuse
     bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more chunks: finish the queue and exit
     absl::Status write_status_ ABSL_GUARDED_BY(mu_);
@@ -119,8 +130,11 @@ class ExecutableStore {
     kOnReceive,
     // Only when read: Commit checks the length and that the announced sha256 is the
     // fingerprint, not the bytes. For links whose transport already authenticates every byte
-    // (mutual TLS: AEAD records, in order); Read's hash still catches a sender that announced
-    // the wrong fingerprint, and the disk. Saves one sha256 pass over every executable.
+    // (mutual TLS: AEAD records, in order), or whose chunks carry a crc32c against corruption
+    // in transit (plaintext: the fingerprint travels on the same unauthenticated link, so a
+    // hash on receive adds nothing against tampering); Read's hash still catches a sender that
+    // announced the wrong fingerprint, and the disk. Saves one sha256 pass over every
+    // executable.
     kOnRead,
   };
 

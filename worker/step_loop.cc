@@ -1,6 +1,7 @@
 #include "worker/step_loop.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -393,11 +394,22 @@ absl::Status StepLoop::RunSteps() {
   const int64_t first = config_.spec.first_step;
   if (first <= steps) RequestBatch(first);  // the first batch uploads while init runs
   if (absl::Status status = Initialize(); !status.ok()) return PrefixStatus(status, "init: ");
+  std::optional<InFlight> pending;  // the step before this one, when not yet waited for
+  auto complete_pending = [&]() -> absl::Status {
+    if (!pending.has_value()) return absl::OkStatus();
+    absl::Status status = CompleteStep(*pending);
+    pending.reset();
+    return status;
+  };
   for (int64_t s = first; s <= steps; ++s) {
-    if (cancelled()) return absl::CancelledError(absl::StrCat("cancelled before step ", s));
+    if (cancelled()) {
+      RETURN_IF_ERROR(complete_pending());
+      return absl::CancelledError(absl::StrCat("cancelled before step ", s));
+    }
     const absl::Time start = config_.clock->Now();
     absl::StatusOr<DeviceBuffers> batch = TakeBatch(s);
     if (!batch.ok()) {
+      RETURN_IF_ERROR(complete_pending());
       if (absl::IsCancelled(batch.status()) && cancelled()) return batch.status();
       return PrefixStatus(batch.status(), absl::StrCat("step ", s, ": "));
     }
@@ -405,25 +417,56 @@ absl::Status StepLoop::RunSteps() {
     if (s < steps) RequestBatch(s + 1);
     std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
     for (size_t d = 0; d < devices_.size(); ++d) {
+      args[d].reserve(num_state + (*batch)[d].size());
       for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
       for (const auto& buffer : (*batch)[d]) args[d].push_back(buffer.get());
     }
     const absl::Time launched = config_.clock->Now();
-    absl::StatusOr<DeviceBuffers> outputs =
-        config_.runtime->Execute(step, args, {.donate_inputs = donate_});
-    if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, ": "));
-    batch->clear();
-    RETURN_IF_ERROR(StepDone(s, start, launched, *outputs));
+    absl::StatusOr<runtime::LaunchedExecution> launch =
+        config_.runtime->Launch(step, args, {.donate_inputs = donate_});
+    if (!launch.ok()) {
+      RETURN_IF_ERROR(complete_pending());
+      return PrefixStatus(launch.status(), absl::StrCat("step ", s, ": "));
+    }
+    InFlight current{s, start, launched, std::move(launch->outputs), *std::move(batch),
+                     std::move(launch->done)};
+    // Step s-1 is waited for only now that step s is queued behind it.
+    if (absl::Status status = complete_pending(); !status.ok()) {
+      current.done->Await().IgnoreError();  // it ran on the failed step's state
+      return status;
+    }
+    const bool drain = MustDrainAfter(s);
+    if (drain) RETURN_IF_ERROR(CompleteStep(current));
     for (size_t d = 0; d < devices_.size(); ++d) {
-      for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
+      for (int i = 0; i < num_state; ++i) state_[d][i] = std::move(current.outputs[d][i]);
     }
-    {
-      absl::MutexLock l(&mu_);
-      last_completed_ = s;
+    if (drain) {
+      MaybeCheckpoint(s);
+    } else {
+      pending = std::move(current);
     }
-    MaybeCheckpoint(s);
   }
+  return complete_pending();
+}
+
+absl::Status StepLoop::CompleteStep(InFlight& step) {
+  if (absl::Status status = step.done->Await(); !status.ok()) {
+    return PrefixStatus(status, absl::StrCat("step ", step.step, ": "));
+  }
+  step.batch.clear();
+  RETURN_IF_ERROR(StepDone(step.step, step.start, step.launched, step.outputs));
+  absl::MutexLock l(&mu_);
+  last_completed_ = step.step;
   return absl::OkStatus();
+}
+
+bool StepLoop::MustDrainAfter(int64_t s) const {
+  if (s == config_.spec.steps || cadence_.IsLoggingStep(s)) return true;
+  absl::MutexLock l(&mu_);
+  if (stop_after_checkpoint_) return true;
+  if (!config_.checkpoint) return false;
+  return checkpoint_requested_ ||
+         (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);
 }
 
 void StepLoop::MaybeCheckpoint(int64_t s) {

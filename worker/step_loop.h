@@ -3,9 +3,17 @@
 //
 //   init(seed) -> state on device
 //   for s = 1..steps:  take batch s (uploaded while step s-1 ran; batch s+1's upload is issued
-//                      before step s is launched), execute with the state donated, keep the state
-//                      outputs on device; on a logging step reduce the telemetry outputs on
+//                      before step s is launched), launch it with the state donated, keep the
+//                      state outputs on device; on a logging step reduce the telemetry outputs on
 //                      device and read ONE fixed-shape f32 vector to the host.
+//
+// Mode A steps are pipelined two deep: step s is launched on the state step s-1 is still
+// computing (the runtime orders them), and only then does the loop wait for step s-1, so the
+// devices do not idle while the host prepares a step. A logging step, a step after which a
+// checkpoint is due (or requested) and the last step are waited for before the next launch, so
+// telemetry, checkpoints and Cancel() from the sink see the state of exactly that step. A
+// failure is reported for the step that failed; a step launched after it is waited for and
+// discarded. last_completed_step() counts steps known to be complete.
 //
 // Compile mode B (an MoE job, Config::grad and Config::apply instead of Config::step):
 //   init(seed) -> state; the gradient accumulators are uploaded as zeros ONCE, after init
@@ -226,6 +234,20 @@ class StepLoop {
   // Mode B: uploads the zero accumulators once, after init.
   absl::Status ZeroAccumulators();
   absl::Status Initialize();
+  // A mode A step launched and not yet known to be complete.
+  struct InFlight {
+    int64_t step = 0;
+    absl::Time start;     // the loop began the step (waiting for its batch included)
+    absl::Time launched;
+    DeviceBuffers outputs;  // the state outputs move to state_ once the next step takes them
+    DeviceBuffers batch;    // kept until the step completed
+    std::unique_ptr<runtime::ExecutionEvent> done;
+  };
+  // Waits for `step`, then records it (StepDone) and counts it completed.
+  absl::Status CompleteStep(InFlight& step);
+  // Whether the loop must wait for step `s` before launching the next: a logging step, or a
+  // checkpoint (or the stop after one) is due after it.
+  bool MustDrainAfter(int64_t s) const;
   // After step `s` completed and its state is in state_: the checkpoint hook, when due.
   void MaybeCheckpoint(int64_t s);
   // After step `s`'s program ran (from `start`, launched at `launched`): records its metrics and,

@@ -317,6 +317,38 @@ TEST_P(Conformance, DonatedStateIsConsumedAndKeptInputsSurvive) {
   EXPECT_EQ(runtime_->ToHost(*state).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Launch returns before the execution completes: steps chain on state still being computed,
+// two in flight at a time as the step loop runs them, and end where Execute's chain ends.
+TEST_P(Conformance, LaunchedStepsChainOnStateStillBeingComputed) {
+  ProgramSignature signature{{{"state", F32({4})}, {"delta", F32({4})}}, {{"state", F32({4})}}};
+  std::unique_ptr<Executable> exe = CompileOrDie(kDonate, FirstDevices(1), signature);
+  ASSERT_NE(exe, nullptr);
+  auto delta = Put(Floats({1, 1, 1, 1}), 0);
+  std::unique_ptr<DeviceBuffer> state = Put(Floats({1, 2, 3, 4}), 0);
+  const int64_t executions = runtime_->counters().executions;
+  std::unique_ptr<ExecutionEvent> previous;
+  for (int step = 0; step < 20; ++step) {
+    absl::StatusOr<LaunchedExecution> launched =
+        runtime_->Launch(*exe, {{state.get(), delta.get()}}, {.donate_inputs = {0}});
+    ASSERT_TRUE(launched.ok()) << launched.status();
+    ASSERT_NE(launched->done, nullptr);
+    if (previous != nullptr) ASSERT_TRUE(previous->Await().ok());
+    EXPECT_TRUE(previous == nullptr || previous->Await().ok());  // awaiting again is harmless
+    previous = std::move(launched->done);
+    state = std::move(launched->outputs[0][0]);
+  }
+  ASSERT_TRUE(previous->Await().ok());
+  EXPECT_EQ(Get(*state), (std::vector<float>{21, 22, 23, 24}));
+  EXPECT_EQ(runtime_->counters().executions - executions, 20);
+  // A launch refused before it runs says why, as Execute does.
+  auto consumed = Put(Floats({0, 0, 0, 0}), 0);
+  ASSERT_TRUE(
+      runtime_->Execute(*exe, {{consumed.get(), delta.get()}}, {.donate_inputs = {0}}).ok());
+  absl::StatusOr<LaunchedExecution> again =
+      runtime_->Launch(*exe, {{consumed.get(), delta.get()}}, {});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+}
+
 TEST_P(Conformance, CountsEveryTransfer) {
   std::unique_ptr<Executable> exe = CompileOrDie(kAxpy, FirstDevices(1), AxpySignature());
   ASSERT_NE(exe, nullptr);

@@ -223,6 +223,7 @@ absl::StatusOr<std::unique_ptr<ExampleRunner>> ExampleRunner::Create(Runtime* ru
 }
 
 absl::Status ExampleRunner::Initialize() {
+  RETURN_IF_ERROR(Finish());
   const std::vector<int>& devices = init_->device_indices();
   std::vector<std::unique_ptr<DeviceBuffer>> seeds;
   std::vector<std::vector<DeviceBuffer*>> args;
@@ -259,22 +260,34 @@ absl::StatusOr<std::vector<HostArray>> ExampleRunner::Step(int index, const std:
   const auto& batch = batches_[index % batches_.size()];
   std::vector<std::vector<DeviceBuffer*>> args(state_.size());
   for (size_t p = 0; p < state_.size(); ++p) {
+    args[p].reserve(job_.num_state + batch[p].size());
     for (int i = 0; i < job_.num_state; ++i) args[p].push_back(state_[p][i].get());
     for (const auto& buffer : batch[p]) args[p].push_back(buffer.get());
   }
-  ASSIGN_OR_RETURN(auto outputs,
-                   runtime_->Execute(*step_, args, {.donate_inputs = job_.step.donated_inputs}));
+  ASSIGN_OR_RETURN(LaunchedExecution launched,
+                   runtime_->Launch(*step_, args, {.donate_inputs = job_.step.donated_inputs}));
+  RETURN_IF_ERROR(Finish());  // the previous step, now that this one is queued behind it
+  in_flight_ = std::move(launched.done);
+  auto& outputs = launched.outputs;
   std::vector<HostArray> values;
   for (int output : read) {
     ASSIGN_OR_RETURN(HostArray value, runtime_->ToHost(*outputs[0][output]));
     values.push_back(std::move(value));
   }
-  // The step's state outputs are the next step's state inputs; metrics are dropped.
+  // The step's state outputs are the next step's state inputs; the rest waits with the step.
   for (size_t p = 0; p < outputs.size(); ++p) {
-    outputs[p].resize(job_.num_state);
-    state_[p] = std::move(outputs[p]);
+    for (int i = 0; i < job_.num_state; ++i) state_[p][i] = std::move(outputs[p][i]);
   }
+  in_flight_outputs_ = std::move(outputs);
   return values;
+}
+
+absl::Status ExampleRunner::Finish() {
+  if (in_flight_ == nullptr) return absl::OkStatus();
+  absl::Status status = in_flight_->Await();
+  in_flight_.reset();
+  in_flight_outputs_.clear();
+  return status;
 }
 
 }  // namespace meshrun::runtime

@@ -83,10 +83,17 @@ class ExampleRunner {
   // Runs init (state on device) and uploads every batch shard. Call before Step.
   // Errors: the runtime's (transfers, execution).
   absl::Status Initialize();
-  // One training step on batch `index % batches`. With `read` the named outputs (replicated
-  // telemetry) are copied to the host from the first device; otherwise nothing is.
-  // Errors: FAILED_PRECONDITION before Initialize; the runtime's.
+  // One training step on batch `index % batches`, pipelined as the worker's loop does: the step
+  // is launched on the state the previous step is still computing, then the previous step is
+  // waited for, so at most two are in flight and the devices never wait for the host. With
+  // `read` the named outputs (replicated telemetry) are copied to the host from the first
+  // device, which waits for this step too; otherwise nothing is.
+  // Errors: FAILED_PRECONDITION before Initialize; the runtime's (the previous step's
+  // execution failure is reported by the call that waits for it).
   absl::StatusOr<std::vector<HostArray>> Step(int index, const std::vector<int>& read = {});
+  // Waits for the step in flight, if any (a timed loop ends with it, as JAX's
+  // block_until_ready). Errors: that step's execution failure.
+  absl::Status Finish();
 
   const ExampleJob& job() const { return job_; }
   const Executable& step_executable() const { return *step_; }
@@ -102,6 +109,9 @@ class ExampleRunner {
   absl::Duration step_compile_time_;
   // [device][input]: state buffers, replaced by each step's outputs.
   std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> state_;
+  // The last launched step, until waited for: its completion and its other outputs.
+  std::unique_ptr<ExecutionEvent> in_flight_;
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> in_flight_outputs_;
   // [batch][device][array]
   std::vector<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> batches_;
 };

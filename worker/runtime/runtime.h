@@ -75,6 +75,24 @@ struct ExecuteOptions {
   std::vector<int> donate_inputs;
 };
 
+// The completion of a launched execution (Runtime::Launch).
+// Thread-safety: not thread-safe; one owner awaits it. Destroying it without Await is allowed (the
+// execution still finishes; its failure then shows only in its outputs).
+class ExecutionEvent {
+ public:
+  virtual ~ExecutionEvent() = default;
+  // Blocks until every device finished. Errors: the backend's (the execution failed). Calling
+  // it again returns the same status at once.
+  virtual absl::Status Await() = 0;
+};
+
+// What Runtime::Launch returns: outputs[d][i], which may still be being computed, and the event
+// that says when (and whether) they are.
+struct LaunchedExecution {
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> outputs;
+  std::unique_ptr<ExecutionEvent> done;
+};
+
 struct TransferCounter {
   int64_t count = 0;
   int64_t bytes = 0;
@@ -84,8 +102,11 @@ struct TransferCounter {
 struct RuntimeCounters {
   TransferCounter host_to_device;
   TransferCounter device_to_host;
-  int64_t executions = 0;
-  absl::Duration execute_time;  // from launch until every device finished
+  int64_t executions = 0;        // launched, counted at launch
+  // From launch until every device finished, summed over executions whose completion was
+  // awaited (Execute always awaits; Launch when its event is awaited, so with executions in
+  // flight back to back the intervals overlap).
+  absl::Duration execute_time;
 };
 
 // Memory of one device. A quantity the backend does not report is absent, never 0;
@@ -149,6 +170,17 @@ class Runtime {
       const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
       const ExecuteOptions& options) = 0;
 
+  // Like Execute, but returns once the execution is enqueued, without waiting for it: this is
+  // how a loop keeps the next step's launch off the critical path. The outputs may be passed to
+  // further Launch/Execute calls at once (the backend orders those after this execution) and
+  // read with ToHost (which waits for them). Errors: as Execute's, all before anything runs; an
+  // execution that fails on a device reports it through `done->Await()` (its outputs then hold
+  // the error, and executions that take them fail too). The default calls Execute and returns
+  // an event that is already complete.
+  virtual absl::StatusOr<LaunchedExecution> Launch(
+      const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
+      const ExecuteOptions& options);
+
   // Errors: NOT_FOUND (no addressable device of that runtime name, the names listed).
   // A backend that does not report memory answers OK with every quantity absent.
   virtual absl::StatusOr<MemoryStats> GetMemoryStats(absl::string_view runtime_name) = 0;
@@ -174,11 +206,15 @@ class RuntimeRegistry {
 };
 
 // Checks `args` against `executable` before a backend launches it: device list and input counts,
-// placement, donation state, and dtype/shape against the signature. Errors: as Runtime::Execute.
-// `addressable_devices` name the devices in messages.
+// placement, dtype/shape against the signature and, with `check_donation_state`, whether an
+// input was already donated or deleted (DeviceBuffer::IsDeleted, one backend call per input; a
+// backend that refuses such inputs itself may skip it and call again with it set to name the
+// input once its launch failed). Errors: as Runtime::Execute. `addressable_devices` name the
+// devices in messages, which are built only on failure.
 absl::Status CheckExecuteArgs(const Executable& executable,
                               absl::Span<const std::vector<DeviceBuffer*>> args,
                               const ExecuteOptions& options,
-                              absl::Span<const DeviceDescription> addressable_devices);
+                              absl::Span<const DeviceDescription> addressable_devices,
+                              bool check_donation_state = true);
 
 }  // namespace meshrun::runtime

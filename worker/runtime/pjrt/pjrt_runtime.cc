@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <unordered_map>
 #include <utility>
 
@@ -319,15 +318,24 @@ using State = PjrtRuntime::State;
 class PjrtBuffer final : public DeviceBuffer {
  public:
   PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
-      : state_(std::move(state)), buffer_(buffer), shape_(std::move(shape)),
-        device_index_(device_index) {}
+      : state_(std::move(state)), buffer_(buffer), own_shape_(std::move(shape)),
+        shape_(&own_shape_), device_index_(device_index) {}
+  // An execution's output: its shape is `(*shapes)[index]`, the executable's, shared rather
+  // than copied (an allocation per output per step otherwise).
+  PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer,
+             std::shared_ptr<const std::vector<ArrayShape>> shapes, size_t index,
+             int device_index)
+      : state_(std::move(state)), buffer_(buffer), shapes_(std::move(shapes)),
+        shape_(&(*shapes_)[index]), device_index_(device_index) {}
+  PjrtBuffer(const PjrtBuffer&) = delete;
+  PjrtBuffer& operator=(const PjrtBuffer&) = delete;
   ~PjrtBuffer() override {
     PJRT_ARGS(PJRT_Buffer_Destroy_Args, destroy);
     destroy.buffer = buffer_;
     ErrorToStatus(state_->api, state_->api->PJRT_Buffer_Destroy(&destroy), "PJRT_Buffer_Destroy")
         .IgnoreError();
   }
-  const ArrayShape& shape() const override { return shape_; }
+  const ArrayShape& shape() const override { return *shape_; }
   int device_index() const override { return device_index_; }
   bool IsDeleted() const override {
     PJRT_ARGS(PJRT_Buffer_IsDeleted_Args, args);
@@ -341,7 +349,9 @@ class PjrtBuffer final : public DeviceBuffer {
  private:
   std::shared_ptr<State> state_;
   PJRT_Buffer* buffer_;
-  ArrayShape shape_;
+  ArrayShape own_shape_;
+  std::shared_ptr<const std::vector<ArrayShape>> shapes_;
+  const ArrayShape* shape_;  // own_shape_ or in shapes_
   int device_index_;
 };
 
@@ -357,7 +367,7 @@ class PjrtExecutable final : public Executable {
         .IgnoreError();
   }
   const std::vector<int>& device_indices() const override { return device_indices_; }
-  const std::vector<ArrayShape>& output_shapes() const override { return output_shapes_; }
+  const std::vector<ArrayShape>& output_shapes() const override { return *output_shapes_; }
   const std::optional<ProgramSignature>& signature() const override { return signature_; }
   const std::string& fingerprint() const override { return fingerprint_; }
 
@@ -367,16 +377,50 @@ class PjrtExecutable final : public Executable {
   const State* state() const { return state_.get(); }
   PJRT_LoadedExecutable* handle() const { return loaded_; }
   size_t num_outputs() const { return num_outputs_; }
+  // Every output's shape as compiled, when the plugin reports them; else null.
+  const std::shared_ptr<const std::vector<ArrayShape>>& known_output_shapes() const {
+    return known_output_shapes_;
+  }
+
+  // The inputs of [0, num_args) not in `donate`, as PJRT_ExecuteOptions wants them. A loop
+  // passes the same list every step, so the answer is kept for the last list asked about.
+  std::shared_ptr<const std::vector<int64_t>> NonDonated(const std::vector<int>& donate,
+                                                         size_t num_args) const;
 
  private:
   std::shared_ptr<State> state_;
   PJRT_LoadedExecutable* loaded_;
   std::vector<int> device_indices_;
-  std::vector<ArrayShape> output_shapes_;
+  std::shared_ptr<std::vector<ArrayShape>> output_shapes_ =
+      std::make_shared<std::vector<ArrayShape>>();
+  std::shared_ptr<const std::vector<ArrayShape>> known_output_shapes_;  // set by Describe
   std::optional<ProgramSignature> signature_;
   std::string fingerprint_;
   size_t num_outputs_ = 0;
+
+  mutable absl::Mutex keep_mu_;
+  mutable std::vector<int> donated_ ABSL_GUARDED_BY(keep_mu_);
+  mutable size_t keep_args_ ABSL_GUARDED_BY(keep_mu_) = 0;
+  mutable std::shared_ptr<const std::vector<int64_t>> keep_ ABSL_GUARDED_BY(keep_mu_);
 };
+
+std::shared_ptr<const std::vector<int64_t>> PjrtExecutable::NonDonated(
+    const std::vector<int>& donate, size_t num_args) const {
+  absl::MutexLock lock(&keep_mu_);
+  if (keep_ == nullptr || keep_args_ != num_args || donated_ != donate) {
+    std::vector<bool> donated(num_args, false);
+    for (int index : donate) donated[index] = true;  // in range: CheckExecuteArgs
+    auto keep = std::make_shared<std::vector<int64_t>>();
+    keep->reserve(num_args);
+    for (size_t i = 0; i < num_args; ++i) {
+      if (!donated[i]) keep->push_back(static_cast<int64_t>(i));
+    }
+    keep_ = std::move(keep);
+    keep_args_ = num_args;
+    donated_ = donate;
+  }
+  return keep_;
+}
 
 // Runs `fn` with the PJRT_Executable behind `loaded`, then releases it.
 template <typename Fn>
@@ -441,7 +485,7 @@ absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature)
         ArrayShape shape{FromPjrt(types.output_types[i]), {}};
         shape.dims.assign(next, next + dims.dim_sizes[i]);
         next += dims.dim_sizes[i];
-        output_shapes_.push_back(std::move(shape));
+        output_shapes_->push_back(std::move(shape));
       }
     }
     if (signature && PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) {
@@ -464,15 +508,16 @@ absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature)
                                                      " outputs, the program returns ",
                                                      num_outputs_));
     }
-    for (size_t i = 0; i < output_shapes_.size(); ++i) {
-      if (output_shapes_[i] != signature->outputs[i].shape) {
+    for (size_t i = 0; i < output_shapes_->size(); ++i) {
+      if ((*output_shapes_)[i] != signature->outputs[i].shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             "output ", i, " '", signature->outputs[i].name, "': signature declares ",
             ToString(signature->outputs[i].shape), ", the program returns ",
-            ToString(output_shapes_[i])));
+            ToString((*output_shapes_)[i])));
       }
     }
   }
+  if (output_shapes_->size() == num_outputs_) known_output_shapes_ = output_shapes_;
   signature_ = std::move(signature);
   return absl::OkStatus();
 }
@@ -762,7 +807,54 @@ absl::StatusOr<HostArray> PjrtRuntime::ToHost(const DeviceBuffer& buffer) {
   return out;
 }
 
+namespace {
+
+// One launched execution's per-device completion events, awaited once.
+class PjrtExecution final : public ExecutionEvent {
+ public:
+  PjrtExecution(std::shared_ptr<State> state, std::vector<PJRT_Event*> events, absl::Time start)
+      : state_(std::move(state)), events_(std::move(events)), start_(start) {}
+  ~PjrtExecution() override {
+    for (PJRT_Event* event : events_) {
+      if (event == nullptr) continue;
+      PJRT_ARGS(PJRT_Event_Destroy_Args, destroy);
+      destroy.event = event;
+      state_->api->PJRT_Event_Destroy(&destroy);
+    }
+  }
+  absl::Status Await() override {
+    if (awaited_) return status_;
+    awaited_ = true;
+    for (PJRT_Event*& event : events_) {
+      absl::Status device_status = AwaitEvent(state_->api, event, "execution");  // destroys it
+      event = nullptr;
+      if (status_.ok()) status_ = device_status;
+    }
+    const absl::Duration elapsed = state_->clock->Now() - start_;
+    absl::MutexLock lock(&state_->mu);
+    state_->counters.execute_time += elapsed;
+    return status_;
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::vector<PJRT_Event*> events_;
+  absl::Time start_;
+  bool awaited_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> PjrtRuntime::Execute(
+    const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
+    const ExecuteOptions& options) {
+  ASSIGN_OR_RETURN(LaunchedExecution launched, Launch(executable, args, options));
+  RETURN_IF_ERROR(launched.done->Await());
+  return std::move(launched.outputs);
+}
+
+absl::StatusOr<LaunchedExecution> PjrtRuntime::Launch(
     const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
     const ExecuteOptions& options) {
   const PJRT_Api* api = state_->api;
@@ -770,35 +862,35 @@ absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> PjrtRunt
   if (exe == nullptr || exe->state() != state_.get()) {
     return absl::InvalidArgumentError("executable was not made by this runtime");
   }
-  RETURN_IF_ERROR(CheckExecuteArgs(executable, args, options, state_->addressable));
+  // Donated or deleted inputs are refused by PJRT itself before anything runs, so the check
+  // that asks the plugin about each input runs only to name the input once a launch failed.
+  RETURN_IF_ERROR(CheckExecuteArgs(executable, args, options, state_->addressable,
+                                   /*check_donation_state=*/false));
   const size_t num_devices = args.size();
   const size_t num_args = num_devices == 0 ? 0 : args[0].size();
-  std::vector<std::vector<PJRT_Buffer*>> inputs(num_devices);
+  const size_t num_outputs = exe->num_outputs();
+  std::vector<PJRT_Buffer*> inputs(num_devices * num_args);
   std::vector<PJRT_Buffer* const*> input_lists(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
-    for (DeviceBuffer* buffer : args[d]) {
-      const auto* pjrt_buffer = dynamic_cast<const PjrtBuffer*>(buffer);
+    for (size_t i = 0; i < num_args; ++i) {
+      const auto* pjrt_buffer = dynamic_cast<const PjrtBuffer*>(args[d][i]);
       if (pjrt_buffer == nullptr || pjrt_buffer->state() != state_.get()) {
         return absl::InvalidArgumentError("an input buffer was not made by this runtime");
       }
-      inputs[d].push_back(pjrt_buffer->handle());
+      inputs[d * num_args + i] = pjrt_buffer->handle();
     }
-    input_lists[d] = inputs[d].data();
+    input_lists[d] = inputs.data() + d * num_args;
   }
-  const std::set<int> donated(options.donate_inputs.begin(), options.donate_inputs.end());
-  std::vector<int64_t> keep;
-  for (size_t i = 0; i < num_args; ++i) {
-    if (!donated.contains(static_cast<int>(i))) keep.push_back(static_cast<int64_t>(i));
-  }
-  std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices,
-                                                 std::vector<PJRT_Buffer*>(exe->num_outputs()));
+  const std::shared_ptr<const std::vector<int64_t>> keep =
+      exe->NonDonated(options.donate_inputs, num_args);
+  std::vector<PJRT_Buffer*> outputs(num_devices * num_outputs);
   std::vector<PJRT_Buffer**> output_lists(num_devices);
-  for (size_t d = 0; d < num_devices; ++d) output_lists[d] = outputs[d].data();
+  for (size_t d = 0; d < num_devices; ++d) output_lists[d] = outputs.data() + d * num_outputs;
   std::vector<PJRT_Event*> done(num_devices, nullptr);
 
   PJRT_ARGS(PJRT_ExecuteOptions, execute_options);
-  execute_options.non_donatable_input_indices = keep.data();
-  execute_options.num_non_donatable_input_indices = keep.size();
+  execute_options.non_donatable_input_indices = keep->data();
+  execute_options.num_non_donatable_input_indices = keep->size();
   PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args, execute);
   execute.executable = exe->handle();
   execute.options = &execute_options;
@@ -808,28 +900,43 @@ absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> PjrtRunt
   execute.output_lists = output_lists.data();
   execute.device_complete_events = done.data();
   const absl::Time start = state_->clock->Now();
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_Execute, execute));
+  if (absl::Status status = PJRT_CALL(api, PJRT_LoadedExecutable_Execute, execute); !status.ok()) {
+    RETURN_IF_ERROR(CheckExecuteArgs(executable, args, options, state_->addressable,
+                                     /*check_donation_state=*/true));
+    return status;
+  }
+  {
+    absl::MutexLock lock(&state_->mu);
+    ++state_->counters.executions;
+  }
 
-  // Own every output first so that nothing leaks when a device reports an error.
+  // Own every output and event first, so that nothing leaks on an error below.
+  LaunchedExecution launched;
+  launched.done = std::make_unique<PjrtExecution>(state_, std::move(done), start);
+  launched.outputs.resize(num_devices);
+  const std::shared_ptr<const std::vector<ArrayShape>>& shapes = exe->known_output_shapes();
   absl::Status status;
-  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> results(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
-    absl::Status device_status = AwaitEvent(api, done[d], "execution");
-    if (status.ok()) status = device_status;
-    for (PJRT_Buffer* handle : outputs[d]) {
+    launched.outputs[d].reserve(num_outputs);
+    const int device = exe->device_indices()[d];
+    for (size_t i = 0; i < num_outputs; ++i) {
+      PJRT_Buffer* handle = outputs[d * num_outputs + i];
+      if (shapes != nullptr) {
+        launched.outputs[d].push_back(
+            std::make_unique<PjrtBuffer>(state_, handle, shapes, i, device));
+        continue;
+      }
       absl::StatusOr<ArrayShape> shape = BufferShape(api, handle);
       if (status.ok()) status = shape.status();
-      results[d].push_back(std::make_unique<PjrtBuffer>(
-          state_, handle, shape.ok() ? *std::move(shape) : ArrayShape{},
-          exe->device_indices()[d]));
+      launched.outputs[d].push_back(std::make_unique<PjrtBuffer>(
+          state_, handle, shape.ok() ? *std::move(shape) : ArrayShape{}, device));
     }
   }
-  RETURN_IF_ERROR(status);
-  const absl::Duration elapsed = state_->clock->Now() - start;
-  absl::MutexLock lock(&state_->mu);
-  ++state_->counters.executions;
-  state_->counters.execute_time += elapsed;
-  return results;
+  if (!status.ok()) {
+    launched.done->Await().IgnoreError();  // nothing may run on after we dropped its outputs
+    return status;
+  }
+  return launched;
 }
 
 absl::StatusOr<MemoryStats> PjrtRuntime::GetMemoryStats(absl::string_view runtime_name) {

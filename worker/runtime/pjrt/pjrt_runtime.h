@@ -43,6 +43,9 @@ class PjrtRuntime final : public Runtime {
   absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> Execute(
       const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
       const ExecuteOptions& options) override;
+  absl::StatusOr<LaunchedExecution> Launch(const Executable& executable,
+                                           absl::Span<const std::vector<DeviceBuffer*>> args,
+                                           const ExecuteOptions& options) override;
   absl::StatusOr<MemoryStats> GetMemoryStats(absl::string_view runtime_name) override;
   RuntimeCounters counters() const override;
 
