@@ -92,6 +92,8 @@ class WorkerServer {
   absl::Status StartJob(const v1::StartJobRequest& request);
   absl::Status StopJob(const v1::StopJobRequest& request);
   absl::Status CheckpointNow(const v1::CheckpointNowRequest& request);
+  // Drain's preemption notice to the running job (see Drain).
+  void PreemptRunningJob();
   // Waits (polling, bounded by `deadline`) until the running job's loop ended, if any.
   void WaitForJobEnd(absl::Duration deadline);
   // Compiles and serializes `request`'s program, keeping the executable in the local store.

@@ -95,4 +95,50 @@ awk -F, -v rows=$steps '
   END { printf "recovered run: %d values, %d duplicates, worst relative difference %.2e\n",
                n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
   "$tmp/plain.csv" "$tmp/recovered.csv" || fail "the recovered run differs from the uninterrupted one"
+
+# A preemption of one host replica: `meshrun checkpoint` commits a step both hosts save, then
+# SIGTERM to host-b makes both hosts save one step and stop; the job restarts from that step
+# (0 steps lost) once host-b is back, and SUCCEEDS with the uninterrupted run's losses.
+mkdir "$tmp/preempt"
+job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_dir="$tmp/preempt" \
+  --checkpoint_every=1000)
+cli watch "$job" --since_step=1 >"$tmp/watch2.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch2.txt" "^ *20 " || fail "the preempted job did not reach step 20"
+asked=$(cli --output=json checkpoint "$job" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+[ -n "$asked" ] && [ "$asked" -gt 20 ] || fail "meshrun checkpoint picked no step: '$asked'"
+for _ in $(seq 300); do [ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] && break; sleep 0.1; done
+[ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] ||
+  fail "meshrun checkpoint of step $asked on two hosts was not committed: $(ls "$tmp/preempt")"
+wait_for "$tmp/watch2.txt" "^ *$((asked + 10)) " || fail "the job did not go on after step $asked"
+kill -TERM "${worker_pid[host-b]}"
+for _ in $(seq 300); do kill -0 "${worker_pid[host-b]}" 2>/dev/null || break; sleep 0.1; done
+kill -0 "${worker_pid[host-b]}" 2>/dev/null && fail "host-b did not exit within 30 s of SIGTERM"
+start_worker host-b 1
+for _ in $(seq 1200); do
+  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  sleep 0.1
+done
+cli get "$job" --output=json >"$tmp/preempted.json"
+"$src/.venv/bin/python" - "$tmp/preempted.json" <<'PY' || fail "the preemption lost steps: $(cat "$tmp/preempted.json")"
+import json, sys
+job = json.load(open(sys.argv[1]))
+assert job["state"] == "JOB_STATE_SUCCEEDED", (job["state"], job.get("error"))
+run = job["attempts"][0]
+# The newest checkpoint committed before the restart is the preempted run's last step.
+before = max(int(c["step"]) for c in job["checkpoints"]
+             if c.get("committed") and int(c["unix_micros"]) <= int(run["end_unix_micros"]))
+assert int(run["last_step"]) == before == int(run["restored_step"]), (run, before)
+assert int(run.get("steps_lost", 0)) == 0 and "a preemption" in run["cause"], run
+assert run["host"] == "host-b", run
+print(f"preempted after step {run['last_step']}: committed on both hosts, 0 steps lost; SUCCEEDED")
+PY
+export_loss "$job" "$tmp/preempted.csv"
+awk -F, -v rows=$steps '
+  FNR == 1 { next }
+  FNR == NR { a[$1] = $6; next }
+  { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
+  END { printf "preempted run: %d values, %d duplicates, worst relative difference %.2e\n",
+               n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
+  "$tmp/plain.csv" "$tmp/preempted.csv" || fail "the preempted run differs from the uninterrupted one"
 echo "recovery_test: all checks passed"

@@ -315,6 +315,12 @@ TEST_F(SecurityTest, OnlyTheJobsCurrentWorkersReachItsState) {
   EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/ReportCheckpoint",
                           checkpoint.SerializeAsString()),
                      "not a member"));
+  v1::PreemptJobRequest preempt;
+  preempt.set_job_id(job);
+  preempt.set_host("worker-a");
+  EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/PreemptJob",
+                          preempt.SerializeAsString()),
+                     "not a member"));
   v1::HostSummary summary;
   summary.set_job_id(job);
   summary.set_host("worker-a");
