@@ -581,6 +581,7 @@ void JobLauncher::Finished(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   succeeded_hosts_.erase(job_id);
   failed_member_.erase(job_id);
+  preempted_.erase(job_id);
 }
 
 }  // namespace meshrun::services

@@ -97,8 +97,9 @@ class JobLauncher {
   }
   // Asks every host of a running job to checkpoint the same step, one all can still reach
   // (two past the furthest host's), and returns it (0 for a one-host job: after its current
-  // step); `then_stop`: each stops after it (a preemption). Each host is asked within 5 s. Errors: NOT_FOUND, FAILED_PRECONDITION (not
-  // running; no checkpoint policy), UNAVAILABLE (a host did not answer or take it, named).
+  // step); `then_stop`: each stops after it (a preemption). Each host is asked within 5 s.
+  // Errors: NOT_FOUND, FAILED_PRECONDITION (not running; no checkpoint policy), UNAVAILABLE
+  // (a host did not answer or take it, named).
   absl::StatusOr<int64_t> CheckpointNow(const std::string& job_id, bool then_stop = false);
   // A host's preemption notice (PreemptJob): CheckpointNow with then_stop, and the run's end
   // is then blamed on that host. Errors: as CheckpointNow; INVALID_ARGUMENT; FAILED_PRECONDITION

@@ -497,7 +497,9 @@ absl::Status WorkerServer::CheckpointNow(const v1::CheckpointNowRequest& request
     return absl::FailedPreconditionError(
         absl::StrCat("job ", request.job_id(), " has no checkpoint policy"));
   }
-  if (request.step() > 0) return job_->loop->RequestCheckpointAt(request.step(), request.then_stop());
+  if (request.step() > 0) {
+    return job_->loop->RequestCheckpointAt(request.step(), request.then_stop());
+  }
   job_->loop->RequestCheckpoint(request.then_stop());
   return absl::OkStatus();
 }

@@ -71,7 +71,8 @@ class WorkerServer {
   std::string incarnation() const;
   bool registered() const { return registered_; }
 
-  // Stops heartbeating, cancels a running job between steps, deregisters (bounded by
+  // Stops heartbeating, cancels a running job between steps (one with checkpoints first saves
+  // the step the coordinator picks for all its hosts: PreemptJob), deregisters (bounded by
   // rpc_timeout), gives in-flight calls until `deadline`, then stops.
   void Drain(absl::Duration deadline);
 

@@ -10,7 +10,10 @@
 # value per step equal to an uninterrupted run's within 1e-6 relative (the re-run steps replace
 # the lost runs'); `meshrun watch` shows one line per restart and goes on, and so does the
 # dashboard, open in headless Chromium through both restarts (dashboard_rewind.mjs); the
-# goodput's badput stays within its wall time.
+# goodput's badput stays within its wall time. Then a preemption of another run of the job:
+# `meshrun checkpoint` commits a step both hosts save, and SIGTERM to one host makes both save
+# the step the coordinator picks and stop, so the restart loses 0 steps and the job SUCCEEDS with
+# the uninterrupted run's losses.
 # Usage: recovery_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -37,6 +40,16 @@ cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"
 steps=120
 export_loss() {  # job, csv
   cli export "$1" --format=csv --series=metrics.loss --out="$2" 2>/dev/null || fail "export $1"
+}
+# Whether $tmp/<name>.csv holds one loss per step, each equal to $tmp/plain.csv's within 1e-6.
+same_losses() {
+  awk -F, -v rows=$steps -v name="$1" '
+    FNR == 1 { next }
+    FNR == NR { a[$1] = $6; next }
+    { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
+    END { printf "%s run: %d values, %d duplicates, worst relative difference %.2e\n",
+                 name, n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
+    "$tmp/plain.csv" "$tmp/$1.csv"
 }
 
 cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --follow --wait=300s \
@@ -88,13 +101,7 @@ grep -q "^-- run 2: restarted from the checkpoint of step 60 " "$tmp/watch.txt" 
 wait "$dashboard" || fail "the dashboard through the restarts: $(cat "$tmp/dashboard.log")"
 cat "$tmp/dashboard.log"
 export_loss "$job" "$tmp/recovered.csv"
-awk -F, -v rows=$steps '
-  FNR == 1 { next }
-  FNR == NR { a[$1] = $6; next }
-  { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
-  END { printf "recovered run: %d values, %d duplicates, worst relative difference %.2e\n",
-               n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
-  "$tmp/plain.csv" "$tmp/recovered.csv" || fail "the recovered run differs from the uninterrupted one"
+same_losses recovered || fail "the recovered run differs from the uninterrupted one"
 
 # A preemption of one host replica: `meshrun checkpoint` commits a step both hosts save, then
 # SIGTERM to host-b makes both hosts save one step and stop; the job restarts from that step
@@ -134,11 +141,5 @@ assert run["host"] == "host-b", run
 print(f"preempted after step {run['last_step']}: committed on both hosts, 0 steps lost; SUCCEEDED")
 PY
 export_loss "$job" "$tmp/preempted.csv"
-awk -F, -v rows=$steps '
-  FNR == 1 { next }
-  FNR == NR { a[$1] = $6; next }
-  { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
-  END { printf "preempted run: %d values, %d duplicates, worst relative difference %.2e\n",
-               n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
-  "$tmp/plain.csv" "$tmp/preempted.csv" || fail "the preempted run differs from the uninterrupted one"
+same_losses preempted || fail "the preempted run differs from the uninterrupted one"
 echo "recovery_test: all checks passed"
