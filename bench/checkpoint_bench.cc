@@ -20,10 +20,11 @@
 //
 // On the shared 2-core build machine (load ~12, ext4 on a virtio disk whose write+fsync of 15 MB
 // runs at ~1.5 GB/s): 15.1 MB per checkpoint, the loop blocked 5.7 ms per checkpoint, overhead
-// 0.97 (per-run times swing 24-45 s, so this is noise-bound), the writer 65 MB/s: 0.04 of the
-// plain write. The writer thread is CPU-bound (sha256, one file + fsync per chunk and .zarray,
-// competing with the step loop for the two cores), not disk-bound; first step 0.23 s from a
-// checkpoint vs 0.19 s from init.
+// 0.97 (per-run times swing 24-45 s, so this is noise-bound); first step 0.23 s from a
+// checkpoint vs 0.19 s from init. The writer: 140 MB/s median of 3 runs of --steps 60 --every 20
+// --rounds 1 (load ~10.5), ratio 0.19; its fsyncs, once 90% of its time one journal commit each,
+// now go out together (checkpoint/store.cc SyncAll); the writes compete with the step loop for
+// the two cores (docs/checkpoints.md, "Not yet").
 #include <fcntl.h>
 #include <unistd.h>
 

@@ -6,6 +6,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/orbax_read.h"
@@ -98,6 +100,33 @@ absl::Status SyncDir(const std::string& path) {
   return absl::OkStatus();
 }
 
+// fsyncs every file and directory, from up to kSyncThreads threads at once. Each fsync of a
+// freshly written file waits for a journal commit: one after another they cost a commit each
+// (~4 ms apiece on ext4 here: 111 of them took 10x the writes themselves), issued together
+// the filesystem batches them into a few shared commits. Returns the first error.
+constexpr size_t kSyncThreads = 16;
+absl::Status SyncAll(const std::vector<std::string>& files, const std::vector<std::string>& dirs) {
+  std::atomic<size_t> next{0};
+  absl::Mutex mu;
+  absl::Status first = absl::OkStatus();
+  const size_t total = files.size() + dirs.size();
+  auto work = [&] {
+    for (size_t i = next++; i < total; i = next++) {
+      absl::Status status =
+          i < files.size() ? SyncFile(files[i]) : SyncDir(dirs[i - files.size()]);
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first.ok()) first = std::move(status);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < std::min(kSyncThreads, total); ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& thread : threads) thread.join();
+  return first;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -144,8 +173,8 @@ absl::StatusOr<std::vector<v1::CheckpointArray>> WriteChunks(
       }
     }
   });
-  // Every file is written first and synced after: one fsync per file right after its write
-  // would wait for a journal commit each time.
+  // Every file is written first and synced after, all at once (SyncAll): one fsync per file
+  // right after its write would wait for a journal commit each time.
   std::vector<std::string> files, dirs;
   absl::Status status = [&]() -> absl::Status {
     RETURN_IF_ERROR(MakeDirs(temp_dir));
@@ -161,9 +190,8 @@ absl::StatusOr<std::vector<v1::CheckpointArray>> WriteChunks(
         RETURN_IF_ERROR(WriteFile(files.back(), chunk.data.bytes, Sync::kLater));
       }
     }
-    for (const std::string& file : files) RETURN_IF_ERROR(SyncFile(file));
-    for (const std::string& dir : dirs) RETURN_IF_ERROR(SyncDir(dir));
-    return SyncDir(temp_dir);
+    dirs.push_back(temp_dir);
+    return SyncAll(files, dirs);
   }();
   hasher.join();
   RETURN_IF_ERROR(status);

@@ -75,7 +75,16 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
     }
     done = std::move(step);
     steps_.erase(key);
+    ++finishing_[{report.job_id(), report.attempt()}];  // still Pending until it is recorded
   }
+  struct Finished {
+    CheckpointCommits* self;
+    std::pair<std::string, int> run;
+    ~Finished() {
+      absl::MutexLock lock(&self->mu_);
+      if (--self->finishing_[run] == 0) self->finishing_.erase(run);
+    }
+  } finished{this, {report.job_id(), report.attempt()}};
   // The run may have ended while the reports came in (Forget then ran before this step was
   // complete): its checkpoint is not the job's any more.
   ASSIGN_OR_RETURN(job, jobs_->Get(report.job_id()));
@@ -102,6 +111,14 @@ void CheckpointCommits::Forget(const std::string& job_id) {
     spdlog::info("job {}: discarded {} uncommitted checkpoint(s) of its run, the newest of step {}",
                  job_id, discarded.size(), discarded.back());
   }
+}
+
+bool CheckpointCommits::Pending(const std::string& job_id, int attempt) const {
+  absl::MutexLock lock(&mu_);
+  if (finishing_.contains({job_id, attempt})) return true;
+  auto it = steps_.lower_bound(Key{job_id, attempt, std::numeric_limits<int64_t>::min()});
+  return it != steps_.end() && std::get<0>(it->first) == job_id &&
+         std::get<1>(it->first) == attempt;
 }
 
 size_t CheckpointCommits::pending() const {

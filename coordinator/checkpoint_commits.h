@@ -43,6 +43,11 @@ class CheckpointCommits {
   // committed. A checkpoint directory belongs to one job at a time (docs/checkpoints.md).
   void Forget(const std::string& job_id);
 
+  // Whether run `attempt` of the job has a step some hosts reported and others not yet, or one
+  // being committed: a run must not end before that settles (a preemption's hosts report the
+  // step, then their outcome, each on its own time).
+  bool Pending(const std::string& job_id, int attempt) const;
+
   // Steps with reports pending, over all jobs (for tests).
   size_t pending() const;
 
@@ -60,6 +65,7 @@ class CheckpointCommits {
   using Key = std::tuple<std::string, int, int64_t>;
   mutable absl::Mutex mu_;
   std::map<Key, Step> steps_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, int> finishing_ ABSL_GUARDED_BY(mu_);  // (job, run)
 };
 
 }  // namespace meshrun::coordinator

@@ -91,6 +91,19 @@ TEST_F(CheckpointCommitsTest, EveryHostOfTheRunCommits) {
   EXPECT_TRUE(table_->Get(job_)->checkpoints(0).committed());
 }
 
+// A preempted run may end only once its step settled: Pending holds from the first host's
+// report until the commit is recorded, for that run alone.
+TEST_F(CheckpointCommitsTest, PendingHoldsUntilTheLastHostsReportCommitted) {
+  EXPECT_FALSE(commits_.Pending(job_, 0));
+  ASSERT_TRUE(Write("a", 0, 10, 1).ok());
+  EXPECT_TRUE(commits_.Pending(job_, 0));
+  EXPECT_FALSE(commits_.Pending(job_, 1));
+  EXPECT_FALSE(commits_.Pending("job-other", 0));
+  ASSERT_TRUE(Write("b", 0, 10, 2).ok());
+  EXPECT_FALSE(commits_.Pending(job_, 0));
+  EXPECT_TRUE(table_->Get(job_)->checkpoints(0).committed());
+}
+
 // The old run's host a reported step 40, then the job restarted (both hosts kept their
 // incarnations); the new run's host b reporting step 40 must not complete the old run's
 // commit with a's old chunk sha256s.

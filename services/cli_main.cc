@@ -321,11 +321,14 @@ int Checkpoint(const std::vector<std::string>& args) {
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->CheckpointJob(context.get(), request, &response), "checkpoint");
   if (JsonOutput()) {  // the shape of cancel's
-    PrintJsonObject({{"checkpoint_requested", args[2]}});
+    PrintJsonObject({{"checkpoint_requested", args[2]}, {"step", absl::StrCat(response.step())}});
     return 0;
   }
-  std::printf("checkpoint requested for %s: it is committed once every host wrote its shards "
-              "(meshrun get %s lists it)\n", args[2].c_str(), args[2].c_str());
+  const std::string step = response.step() == 0 ? "the current step"
+                                                 : absl::StrCat("step ", response.step());
+  std::printf("checkpoint of %s requested for %s: it is committed once every host wrote its "
+              "shards (meshrun get %s lists it)\n", step.c_str(), args[2].c_str(),
+              args[2].c_str());
   return 0;
 }
 

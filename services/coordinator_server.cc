@@ -214,6 +214,16 @@ class CoordinatorServer::Service final
                                         v1::DrainWorkerResponse* response) override {
     return FinishUnary(context, [&] { return handler_->DrainWorker(*request, response); });
   }
+
+  grpc::ServerUnaryReactor* PreemptJob(grpc::CallbackServerContext* context,
+                                       const v1::PreemptJobRequest* request,
+                                       v1::PreemptJobResponse* response) override {
+    return FinishUnary(context, [&] {
+      RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
+      RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
+      return handler_->PreemptJob(*request, response);
+    });
+  }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
     return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context,

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 #include "coordinator/executable_cache.h"
 #include "coordinator/job_table.h"
 #include "coordinator/key_value_store.h"
@@ -75,9 +76,17 @@ class CoordinatorRpcHandler {
                                 v1::ReportCheckpointResponse*) {
     return launcher_->ReportCheckpoint(request);
   }
-  absl::Status CheckpointJob(const v1::CheckpointJobRequest& request, v1::CheckpointJobResponse*) {
+  absl::Status CheckpointJob(const v1::CheckpointJobRequest& request,
+                             v1::CheckpointJobResponse* response) {
     if (request.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
-    return launcher_->CheckpointNow(request.job_id());
+    ASSIGN_OR_RETURN(const int64_t step, launcher_->CheckpointNow(request.job_id()));
+    response->set_step(step);
+    return absl::OkStatus();
+  }
+  absl::Status PreemptJob(const v1::PreemptJobRequest& request, v1::PreemptJobResponse* response) {
+    ASSIGN_OR_RETURN(const int64_t step, launcher_->Preempt(request));
+    response->set_step(step);
+    return absl::OkStatus();
   }
 
   // Ask the workers (bounded by a 5 s deadline each); run on a server thread, so they block it

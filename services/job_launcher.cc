@@ -448,6 +448,18 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
             report.state() == v1::JOB_STATE_FAILED
                 ? report.error()
                 : "stopped by the worker (a preemption: SIGTERM or shutdown)";
+        if (report.state() == v1::JOB_STATE_CANCELLED) {
+          // A preemption's hosts each report the checkpoint, then stop: the run must not end
+          // (dropping its pending reports) before the last host's report completed the commit.
+          for (int i = 0; i < 600 && commits_.Pending(report.job_id(), job.attempts_size()); ++i) {
+            absl::SleepFor(absl::Milliseconds(50));
+          }
+          absl::MutexLock lock(&mu_);
+          if (auto it = preempted_.find(report.job_id());
+              it != preempted_.end() && it->second.first == job.attempts_size()) {
+            host = it->second.second;
+          }
+        }
         bool host_at_fault = true;
         // A host that lost a peer (a cross-host all-reduce) reports first; blame the peer.
         if (const std::string gone = report.state() == v1::JOB_STATE_FAILED
@@ -569,6 +581,7 @@ void JobLauncher::Finished(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   succeeded_hosts_.erase(job_id);
   failed_member_.erase(job_id);
+  preempted_.erase(job_id);
 }
 
 }  // namespace meshrun::services

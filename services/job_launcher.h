@@ -95,10 +95,16 @@ class JobLauncher {
   absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& report) {
     return commits_.Report(report);
   }
-  // Asks every host of a running job to checkpoint after its current step (each within 5 s).
+  // Asks every host of a running job to checkpoint the same step, one all can still reach
+  // (two past the furthest host's), and returns it (0 for a one-host job: after its current
+  // step); `then_stop`: each stops after it (a preemption). Each host is asked within 5 s.
   // Errors: NOT_FOUND, FAILED_PRECONDITION (not running; no checkpoint policy), UNAVAILABLE
-  // (a host did not answer, named).
-  absl::Status CheckpointNow(const std::string& job_id);
+  // (a host did not answer or take it, named).
+  absl::StatusOr<int64_t> CheckpointNow(const std::string& job_id, bool then_stop = false);
+  // A host's preemption notice (PreemptJob): CheckpointNow with then_stop, and the run's end
+  // is then blamed on that host. Errors: as CheckpointNow; INVALID_ARGUMENT; FAILED_PRECONDITION
+  // (the incarnation or run is not the job's).
+  absl::StatusOr<int64_t> Preempt(const v1::PreemptJobRequest& request);
 
   // Fails an unfinished job naming `host` and `error`, stops its workers and ends its
   // telemetry; unless the job can restart (docs/checkpoints.md: a checkpoint policy, a
@@ -171,6 +177,8 @@ class JobLauncher {
   // must not be planned onto (it may still look alive until its heartbeat times out).
   std::map<std::string, std::pair<std::string, std::string>> failed_member_
       ABSL_GUARDED_BY(mu_);
+  // Preempted jobs: the run (attempts' size) and the host whose SIGTERM stopped it.
+  std::map<std::string, std::pair<int, std::string>> preempted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun::services

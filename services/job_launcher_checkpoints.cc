@@ -3,6 +3,7 @@
 // from its newest committed checkpoint when one of its hosts dies or fails.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -16,7 +17,7 @@
 
 namespace meshrun::services {
 
-absl::Status JobLauncher::CheckpointNow(const std::string& job_id) {
+absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bool then_stop) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
   if (!job.spec().has_checkpoint()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -33,26 +34,91 @@ absl::Status JobLauncher::CheckpointNow(const std::string& job_id) {
       hosts.push_back(entry.info);
     }
   }
-  std::vector<std::string> failures(hosts.size());
-  RunConcurrently(hosts.size(), [&](size_t i) {
+  // One host: after its current step, whatever that is by the time it is asked.
+  if (hosts.size() == 1 && job.host_incarnations_size() == 1) {
     v1::CheckpointNowRequest request;
     request.set_job_id(job_id);
+    request.set_then_stop(then_stop);
     v1::CheckpointNowResponse response;
     auto context = ContextWithTimeout(absl::Seconds(5));
-    grpc::Status status = WorkerStub(hosts[i].address).CheckpointNow(context.get(), request,
-                                                                     &response);
-    if (!status.ok()) failures[i] = absl::StrCat(hosts[i].host, ": ", status.error_message());
-  });
-  std::vector<std::string> failed;
-  for (const std::string& f : failures) {
-    if (!f.empty()) failed.push_back(f);
+    const grpc::Status status =
+        WorkerStub(hosts[0].address).CheckpointNow(context.get(), request, &response);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("checkpoint request not delivered to ",
+                                                 hosts[0].host, ": ", status.error_message()));
+    }
+    return 0;
   }
-  if (!failed.empty()) {
-    return absl::UnavailableError(absl::StrCat("checkpoint request not delivered to ",
-                                               absl::StrJoin(failed, "; ")));
+  // Every host must save the same step or the commit never completes, and none can save a
+  // step it has passed (the next step took its state). Hosts that exchange data each step are
+  // at most one step apart, so two past the furthest, read now, is a step all can still reach.
+  // A host that passed it anyway (very short steps) refuses, and the next round aims further.
+  constexpr int64_t kMargins[] = {2, 20, 200};
+  std::string refused;
+  for (const int64_t margin : kMargins) {
+    std::vector<int64_t> at(hosts.size(), 0);
+    RunConcurrently(hosts.size(), [&](size_t i) {
+      v1::GetStatusRequest request;
+      v1::WorkerStatusReport status;
+      auto context = ContextWithTimeout(absl::Seconds(5));
+      if (WorkerStub(hosts[i].address).GetStatus(context.get(), request, &status).ok() &&
+          status.running_job_id() == job_id) {
+        at[i] = status.current_step();
+      }
+    });
+    const int64_t furthest =
+        std::max(job.last_step(), hosts.empty() ? 0 : *std::max_element(at.begin(), at.end()));
+    const int64_t step = std::min(furthest + margin, job.spec().steps());
+    std::vector<grpc::Status> answers(hosts.size());
+    RunConcurrently(hosts.size(), [&](size_t i) {
+      v1::CheckpointNowRequest request;
+      request.set_job_id(job_id);
+      request.set_step(step);
+      request.set_then_stop(then_stop);
+      v1::CheckpointNowResponse response;
+      auto context = ContextWithTimeout(absl::Seconds(5));
+      answers[i] = WorkerStub(hosts[i].address).CheckpointNow(context.get(), request, &response);
+    });
+    std::vector<std::string> failed;
+    bool passed = false;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      if (answers[i].ok()) continue;
+      failed.push_back(absl::StrCat(hosts[i].host, ": ", answers[i].error_message()));
+      passed = passed || answers[i].error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    }
+    if (failed.empty()) {
+      spdlog::info("job {}: checkpoint of step {} requested on {} hosts{}", job_id, step,
+                   hosts.size(), then_stop ? ", then stop (a preemption)" : "");
+      return step;
+    }
+    refused = absl::StrJoin(failed, "; ");
+    if (!passed || step == job.spec().steps()) break;
   }
-  spdlog::info("job {}: checkpoint requested on {} hosts", job_id, hosts.size());
-  return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("checkpoint request not taken by every host of job ", job_id, ": ", refused));
+}
+
+absl::StatusOr<int64_t> JobLauncher::Preempt(const v1::PreemptJobRequest& request) {
+  if (request.job_id().empty() || request.host().empty()) {
+    return absl::InvalidArgumentError("job_id and host must be set");
+  }
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(request.job_id()));
+  auto member = job.host_incarnations().find(request.host());
+  if (member == job.host_incarnations().end() || member->second != request.incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host ", request.host(), " incarnation ", request.incarnation(), " is not part of job ",
+        request.job_id()));
+  }
+  if (request.attempt() != job.attempts_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the preemption is of run ", request.attempt() + 1, " of job ", request.job_id(),
+        ", which restarted since (now run ", job.attempts_size() + 1, ")"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    preempted_[request.job_id()] = {request.attempt(), request.host()};
+  }
+  return CheckpointNow(request.job_id(), /*then_stop=*/true);
 }
 
 void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string& error) {

@@ -76,6 +76,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/UploadTelemetry", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportJobProgress", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportCheckpoint", Role::kWorker},
+      {"/meshrun.v1.Coordinator/PreemptJob", Role::kWorker},
       // Coordinator: calls people and programs make.
       {"/meshrun.v1.Coordinator/GetSupportedVersions", Role::kAnyAuthenticated},
       {"/meshrun.v1.Coordinator/ListWorkers", Role::kView},

@@ -436,12 +436,10 @@ void WorkerServer::RegistrationLoop() {
 void WorkerServer::Drain(absl::Duration deadline) {
   if (drained_.exchange(true) || server_ == nullptr) return;  // null: Start() failed
   drain_until_micros_ = absl::ToUnixMicros(absl::Now() + deadline);  // every step below ends by then
-  {
-    // Ends between steps; reported as CANCELLED. A job with checkpoints saves the step it
-    // finishes first (a preemption loses no step), within the drain deadline.
-    absl::MutexLock lock(&job_mu_);
-    if (job_ != nullptr) job_->loop->RequestCheckpoint(/*then_stop=*/true);
-  }
+  // Ends between steps; reported as CANCELLED. A job with checkpoints saves a step first (a
+  // preemption loses no step), within the drain deadline: the step the coordinator picked for
+  // every host of the job, or, when it cannot be asked, the step this host finishes.
+  PreemptRunningJob();
   WaitForJobEnd(deadline);
   std::unique_ptr<RunningJob> job;
   {
@@ -479,6 +477,45 @@ void WorkerServer::WaitForJobEnd(absl::Duration deadline) {
   }
 }
 
+void WorkerServer::PreemptRunningJob() {
+  v1::PreemptJobRequest request;
+  {
+    absl::MutexLock lock(&job_mu_);
+    if (job_ == nullptr) return;
+    if (job_->checkpoints == nullptr || job_->loop->result().has_value()) {
+      job_->loop->RequestCheckpoint(/*then_stop=*/true);  // no policy: a plain Cancel
+      return;
+    }
+    request.set_job_id(job_->job_id);
+    request.set_attempt(job_->attempt);
+  }
+  request.set_host(config_.identity.host);
+  request.set_incarnation(incarnation());
+  // The coordinator asks every host of the job (this one too) to save the step it picks and
+  // stop: a multi-host job's commit needs all of them, and a host cannot save a step it passed.
+  v1::PreemptJobResponse response;
+  auto context = ContextWithTimeout(std::min(config_.rpc_timeout, std::max(DrainLeft() / 2,
+                                                                            absl::Seconds(1))));
+  const grpc::Status status = coordinator_->PreemptJob(context.get(), request, &response);
+  absl::MutexLock lock(&job_mu_);
+  if (job_ == nullptr || job_->job_id != request.job_id()) return;
+  if (status.ok()) {
+    spdlog::info("job {}: preempted; every host saves step {} and stops", request.job_id(),
+                 response.step() == 0 ? "the current" : std::to_string(response.step()));
+    // Normally set already by the coordinator's CheckpointNow; an error means it was reached.
+    // Step 0: a one-host job, saved after the current step.
+    if (response.step() == 0) {
+      job_->loop->RequestCheckpoint(/*then_stop=*/true);
+    } else {
+      job_->loop->RequestCheckpointAt(response.step(), /*then_stop=*/true).IgnoreError();
+    }
+    return;
+  }
+  spdlog::warn("job {}: the coordinator did not take the preemption ({}); saving this host's "
+               "next step alone", request.job_id(), status.error_message());
+  job_->loop->RequestCheckpoint(/*then_stop=*/true);
+}
+
 absl::Status WorkerServer::CheckpointNow(const v1::CheckpointNowRequest& request) {
   absl::MutexLock lock(&job_mu_);
   if (job_ == nullptr || job_->job_id != request.job_id() || job_->loop->result().has_value()) {
@@ -488,7 +525,10 @@ absl::Status WorkerServer::CheckpointNow(const v1::CheckpointNowRequest& request
     return absl::FailedPreconditionError(
         absl::StrCat("job ", request.job_id(), " has no checkpoint policy"));
   }
-  job_->loop->RequestCheckpoint();
+  if (request.step() > 0) {
+    return job_->loop->RequestCheckpointAt(request.step(), request.then_stop());
+  }
+  job_->loop->RequestCheckpoint(request.then_stop());
   return absl::OkStatus();
 }
 

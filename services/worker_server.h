@@ -82,7 +82,8 @@ class WorkerServer {
   std::string incarnation() const;
   bool registered() const { return registered_; }
 
-  // Stops heartbeating, cancels a running job between steps, deregisters (bounded by
+  // Stops heartbeating, cancels a running job between steps (one with checkpoints first saves
+  // the step the coordinator picks for all its hosts: PreemptJob), deregisters (bounded by
   // rpc_timeout), gives in-flight calls until `deadline`, then stops.
   void Drain(absl::Duration deadline);
 
@@ -103,6 +104,8 @@ class WorkerServer {
   absl::Status StartJob(const v1::StartJobRequest& request);
   absl::Status StopJob(const v1::StopJobRequest& request);
   absl::Status CheckpointNow(const v1::CheckpointNowRequest& request);
+  // Drain's preemption notice to the running job (see Drain).
+  void PreemptRunningJob();
   // Waits (polling, bounded by `deadline`) until the running job's loop ended, if any.
   void WaitForJobEnd(absl::Duration deadline);
   // Compiles and serializes `request`'s program, keeping the executable in the local store.

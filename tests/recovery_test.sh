@@ -10,7 +10,10 @@
 # value per step equal to an uninterrupted run's within 1e-6 relative (the re-run steps replace
 # the lost runs'); `meshrun watch` shows one line per restart and goes on, and so does the
 # dashboard, open in headless Chromium through both restarts (dashboard_rewind.mjs); the
-# goodput's badput stays within its wall time.
+# goodput's badput stays within its wall time. Then a preemption of another run of the job:
+# `meshrun checkpoint` commits a step both hosts save, and SIGTERM to one host makes both save
+# the step the coordinator picks and stop, so the restart loses 0 steps and the job SUCCEEDS with
+# the uninterrupted run's losses.
 # Usage: recovery_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -37,6 +40,16 @@ cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"
 steps=120
 export_loss() {  # job, csv
   cli export "$1" --format=csv --series=metrics.loss --out="$2" 2>/dev/null || fail "export $1"
+}
+# Whether $tmp/<name>.csv holds one loss per step, each equal to $tmp/plain.csv's within 1e-6.
+same_losses() {
+  awk -F, -v rows=$steps -v name="$1" '
+    FNR == 1 { next }
+    FNR == NR { a[$1] = $6; next }
+    { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
+    END { printf "%s run: %d values, %d duplicates, worst relative difference %.2e\n",
+                 name, n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
+    "$tmp/plain.csv" "$tmp/$1.csv"
 }
 
 cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --follow --wait=300s \
@@ -88,11 +101,45 @@ grep -q "^-- run 2: restarted from the checkpoint of step 60 " "$tmp/watch.txt" 
 wait "$dashboard" || fail "the dashboard through the restarts: $(cat "$tmp/dashboard.log")"
 cat "$tmp/dashboard.log"
 export_loss "$job" "$tmp/recovered.csv"
-awk -F, -v rows=$steps '
-  FNR == 1 { next }
-  FNR == NR { a[$1] = $6; next }
-  { n++; if (seen[$1]++) dup++; d = ($6 - a[$1]) / a[$1]; d = d < 0 ? -d : d; if (d > worst) worst = d }
-  END { printf "recovered run: %d values, %d duplicates, worst relative difference %.2e\n",
-               n, dup, worst; exit !(n == rows && dup == 0 && worst <= 1e-6) }' \
-  "$tmp/plain.csv" "$tmp/recovered.csv" || fail "the recovered run differs from the uninterrupted one"
+same_losses recovered || fail "the recovered run differs from the uninterrupted one"
+
+# A preemption of one host replica: `meshrun checkpoint` commits a step both hosts save, then
+# SIGTERM to host-b makes both hosts save one step and stop; the job restarts from that step
+# (0 steps lost) once host-b is back, and SUCCEEDS with the uninterrupted run's losses.
+mkdir "$tmp/preempt"
+job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_dir="$tmp/preempt" \
+  --checkpoint_every=1000)
+cli watch "$job" --since_step=1 >"$tmp/watch2.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch2.txt" "^ *20 " || fail "the preempted job did not reach step 20"
+asked=$(cli --output=json checkpoint "$job" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+[ -n "$asked" ] && [ "$asked" -gt 20 ] || fail "meshrun checkpoint picked no step: '$asked'"
+for _ in $(seq 300); do [ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] && break; sleep 0.1; done
+[ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] ||
+  fail "meshrun checkpoint of step $asked on two hosts was not committed: $(ls "$tmp/preempt")"
+wait_for "$tmp/watch2.txt" "^ *$((asked + 10)) " || fail "the job did not go on after step $asked"
+kill -TERM "${worker_pid[host-b]}"
+for _ in $(seq 300); do kill -0 "${worker_pid[host-b]}" 2>/dev/null || break; sleep 0.1; done
+kill -0 "${worker_pid[host-b]}" 2>/dev/null && fail "host-b did not exit within 30 s of SIGTERM"
+start_worker host-b 1
+for _ in $(seq 1200); do
+  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  sleep 0.1
+done
+cli get "$job" --output=json >"$tmp/preempted.json"
+"$src/.venv/bin/python" - "$tmp/preempted.json" <<'PY' || fail "the preemption lost steps: $(cat "$tmp/preempted.json")"
+import json, sys
+job = json.load(open(sys.argv[1]))
+assert job["state"] == "JOB_STATE_SUCCEEDED", (job["state"], job.get("error"))
+run = job["attempts"][0]
+# The newest checkpoint committed before the restart is the preempted run's last step.
+before = max(int(c["step"]) for c in job["checkpoints"]
+             if c.get("committed") and int(c["unix_micros"]) <= int(run["end_unix_micros"]))
+assert int(run["last_step"]) == before == int(run["restored_step"]), (run, before)
+assert int(run.get("steps_lost", 0)) == 0 and "a preemption" in run["cause"], run
+assert run["host"] == "host-b", run
+print(f"preempted after step {run['last_step']}: committed on both hosts, 0 steps lost; SUCCEEDED")
+PY
+export_loss "$job" "$tmp/preempted.csv"
+same_losses preempted || fail "the preempted run differs from the uninterrupted one"
 echo "recovery_test: all checks passed"

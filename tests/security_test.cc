@@ -108,6 +108,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Coordinator/UploadTelemetry", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportJobProgress", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportCheckpoint", Role::kWorker},
+      {"/meshrun.v1.Coordinator/PreemptJob", Role::kWorker},
       {"/meshrun.v1.Coordinator/GetSupportedVersions", Role::kAnyAuthenticated},
       {"/meshrun.v1.Coordinator/ListWorkers", Role::kView},
       {"/meshrun.v1.Coordinator/GetJob", Role::kView},
@@ -452,6 +453,12 @@ TEST_F(SecurityTest, OnlyTheJobsCurrentWorkersReachItsState) {
   checkpoint.set_host("worker-a");
   EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/ReportCheckpoint",
                           checkpoint.SerializeAsString()),
+                     "not a member"));
+  v1::PreemptJobRequest preempt;
+  preempt.set_job_id(job);
+  preempt.set_host("worker-a");
+  EXPECT_TRUE(denied(Call(a, port, "/meshrun.v1.Coordinator/PreemptJob",
+                          preempt.SerializeAsString()),
                      "not a member"));
   v1::HostSummary summary;
   summary.set_job_id(job);

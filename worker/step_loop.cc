@@ -475,9 +475,12 @@ void StepLoop::MaybeCheckpoint(int64_t s) {
   bool stop = false;
   {
     absl::MutexLock l(&mu_);
-    due = due || checkpoint_requested_;
-    stop = stop_after_checkpoint_;
+    const bool at_target = checkpoint_at_ == s;
+    due = due || checkpoint_requested_ || at_target;
+    stop = stop_after_checkpoint_ || (at_target && stop_at_target_);
     checkpoint_requested_ = false;
+    if (at_target) checkpoint_at_ = 0;
+    checked_through_ = s;
   }
   if (due && config_.checkpoint) {
     const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
@@ -492,6 +495,23 @@ void StepLoop::RequestCheckpoint(bool then_stop) {
   absl::MutexLock l(&mu_);
   checkpoint_requested_ = true;
   stop_after_checkpoint_ = stop_after_checkpoint_ || then_stop;
+}
+
+absl::Status StepLoop::RequestCheckpointAt(int64_t step, bool then_stop) {
+  if (step < 1 || step > config_.spec.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint step ", step, " is outside the run's steps 1..", config_.spec.steps));
+  }
+  absl::MutexLock l(&mu_);
+  // Steps before the first one of a resumed run were never this loop's to save.
+  const int64_t passed = std::max(checked_through_, config_.spec.first_step - 1);
+  if (step <= passed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot checkpoint step ", step, ": this host is past it (step ", passed, " done)"));
+  }
+  checkpoint_at_ = step;
+  stop_at_target_ = stop_at_target_ || then_stop;
+  return absl::OkStatus();
 }
 
 absl::Status StepLoop::ZeroAccumulators() {

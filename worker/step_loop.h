@@ -213,6 +213,11 @@ class StepLoop {
   // the loop ends cancelled right after it (a preempted host loses no step). Without
   // Config::checkpoint only `then_stop` has an effect (a plain Cancel). Returns at once.
   void RequestCheckpoint(bool then_stop = false);
+  // Asks for a checkpoint after exactly step `step` (a job-wide checkpoint: every host saves the
+  // same step, docs/checkpoints.md); with `then_stop` the loop ends cancelled right after it. A
+  // later target replaces an earlier one. Errors: INVALID_ARGUMENT (step < 1 or beyond the
+  // run's steps), FAILED_PRECONDITION (the loop is past that step already: its state is gone).
+  absl::Status RequestCheckpointAt(int64_t step, bool then_stop);
   // Cancel(), then waits until the loop thread (and its prefetch thread) ended. Idempotent.
   void Stop();
   // Blocks until the loop ended (Start must have been called, else returns at once with an
@@ -290,6 +295,9 @@ class StepLoop {
   bool cancel_ ABSL_GUARDED_BY(mu_) = false;
   bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_after_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t checkpoint_at_ ABSL_GUARDED_BY(mu_) = 0;  // RequestCheckpointAt's step; 0 = none
+  bool stop_at_target_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t checked_through_ ABSL_GUARDED_BY(mu_) = 0;  // the last step MaybeCheckpoint ran for
   bool prefetch_shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t prefetch_request_ ABSL_GUARDED_BY(mu_) = 0;  // step to fetch; 0 = none
   int64_t prefetch_ready_step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -352,6 +352,46 @@ TEST_F(StepLoopTest, CancelFromTheSinkStopsBeforeTheNextStep) {
   EXPECT_EQ(collected.done[0].last_completed_step, 50);
 }
 
+// A job-wide checkpoint: the loop saves at exactly the step asked for, then stops; a step it
+// has passed or one outside the run is refused.
+TEST_F(StepLoopTest, CheckpointAtATargetStepThenStop) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  Collected collected;
+  StepLoop* raw = nullptr;
+  std::vector<absl::Status> answers;
+  std::vector<int64_t> saved;  // loop thread only, read after Wait
+  StepLoop::Config config =
+      LoopConfig(runtime_, job, SpecFor(job.job, 1000, 10),
+                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+  config.checkpoint = [&saved](int64_t step, const StepLoop::DeviceBuffers&,
+                               const std::vector<int64_t>&, int64_t) { saved.push_back(step); };
+  config.sink = [&](HostStepSummary summary) {
+    if (summary.step == 10) answers.push_back(raw->RequestCheckpointAt(9, true));
+    if (summary.step == 20) {
+      answers.push_back(raw->RequestCheckpointAt(0, true));
+      answers.push_back(raw->RequestCheckpointAt(1001, true));
+      answers.push_back(raw->RequestCheckpointAt(33, false));
+      answers.push_back(raw->RequestCheckpointAt(35, true));  // replaces 33
+    }
+  };
+  auto loop = StepLoop::Create(std::move(config));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  raw = loop->get();
+  ASSERT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  (*loop)->Stop();
+  EXPECT_EQ(result.outcome, LoopOutcome::kCancelled);
+  EXPECT_EQ(result.last_completed_step, 35);
+  EXPECT_EQ(saved, std::vector<int64_t>{35});
+  ASSERT_EQ(answers.size(), 5u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(answers[0])) << answers[0];
+  EXPECT_TRUE(absl::StrContains(answers[0].message(), "past it")) << answers[0];
+  EXPECT_TRUE(absl::IsInvalidArgument(answers[1])) << answers[1];
+  EXPECT_TRUE(absl::IsInvalidArgument(answers[2])) << answers[2];
+  EXPECT_TRUE(answers[3].ok() && answers[4].ok()) << answers[3] << answers[4];
+}
+
 TEST_F(StepLoopTest, StopFromAnotherThreadEndsARunningLoop) {
   const CompiledJob& job = Job("mlp_classifier/dp1");
   ASSERT_NE(job.step, nullptr);
