@@ -460,10 +460,11 @@ absl::Status StepLoop::CompleteStep(InFlight& step) {
   return absl::OkStatus();
 }
 
-bool StepLoop::MustDrainAfter(int64_t s) const {
-  if (s == config_.spec.steps || cadence_.IsLoggingStep(s)) return true;
+bool StepLoop::MustDrainAfter(int64_t s) {
   absl::MutexLock l(&mu_);
-  if (stop_after_checkpoint_) return true;
+  checked_through_ = s;
+  if (s == config_.spec.steps || cadence_.IsLoggingStep(s)) return true;
+  if (stop_after_checkpoint_ || checkpoint_at_ == s) return true;
   if (!config_.checkpoint) return false;
   return checkpoint_requested_ ||
          (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);

@@ -251,8 +251,9 @@ class StepLoop {
   // Waits for `step`, then records it (StepDone) and counts it completed.
   absl::Status CompleteStep(InFlight& step);
   // Whether the loop must wait for step `s` before launching the next: a logging step, or a
-  // checkpoint (or the stop after one) is due after it.
-  bool MustDrainAfter(int64_t s) const;
+  // checkpoint (or the stop after one) is due after it. Decides for good: once it returns, a
+  // checkpoint of step `s` can no longer be asked for (its state goes on to step s+1).
+  bool MustDrainAfter(int64_t s);
   // After step `s` completed and its state is in state_: the checkpoint hook, when due.
   void MaybeCheckpoint(int64_t s);
   // After step `s`'s program ran (from `start`, launched at `launched`): records its metrics and,
@@ -297,7 +298,7 @@ class StepLoop {
   bool stop_after_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   int64_t checkpoint_at_ ABSL_GUARDED_BY(mu_) = 0;  // RequestCheckpointAt's step; 0 = none
   bool stop_at_target_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t checked_through_ ABSL_GUARDED_BY(mu_) = 0;  // the last step MaybeCheckpoint ran for
+  int64_t checked_through_ ABSL_GUARDED_BY(mu_) = 0;  // the last step a checkpoint was decided for
   bool prefetch_shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t prefetch_request_ ABSL_GUARDED_BY(mu_) = 0;  // step to fetch; 0 = none
   int64_t prefetch_ready_step_ ABSL_GUARDED_BY(mu_) = 0;
