@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -268,8 +269,9 @@ std::vector<std::string> JobTable::PruneFinished(absl::Duration retention,
     pruned.push_back(finished[i].second);
   }
   if (!pruned.empty()) {
+    const absl::flat_hash_set<std::string> gone(pruned.begin(), pruned.end());
     order_.erase(std::remove_if(order_.begin(), order_.end(),
-                                [&](const std::string& id) { return !jobs_.contains(id); }),
+                                [&gone](const std::string& id) { return gone.contains(id); }),
                  order_.end());
   }
   return pruned;
