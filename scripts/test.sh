@@ -36,10 +36,10 @@ echo "test: sanitizer run clean"
 tsan_tests=(common_test natural_order_test idle_watchdog_test logging_test watch_hub_test
             history_store_test coordinator_test limits_test registry_claims_test goodput_test
             executable_store_limits_test)
-CCACHE_BASEDIR="$root" cmake -S "$root" -B "$root/build-tsan" -G Ninja \
+CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 cmake -S "$root" -B "$root/build-tsan" -G Ninja \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMESHRUN_TSAN=ON \
   -DMESHRUN_BUILD_BENCH=OFF >/dev/null
-CCACHE_BASEDIR="$root" ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_tests[@]}"
+CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_tests[@]}"
 # StalledWatcherDoesNotSlowPublish bounds a time ratio, which TSan's slowdown makes noise.
 GTEST_FILTER='-*StalledWatcherDoesNotSlowPublish' TSAN_OPTIONS=halt_on_error=1 \
   ctest --test-dir build-tsan -j2 --output-on-failure \
