@@ -456,7 +456,10 @@ void WorkerServer::Drain(absl::Duration deadline) {
     request.set_host(config_.identity.host);
     request.set_incarnation(incarnation());
     v1::DeregisterWorkerResponse response;
-    auto context = ContextWithTimeout(std::min(config_.rpc_timeout, DrainLeft()));
+    // Attempted for at least a second, even past the deadline (the destructor drains with
+    // none): a worker still ALIVE on the coordinator holds its host name until it times out.
+    auto context = ContextWithTimeout(
+        std::min(config_.rpc_timeout, std::max(DrainLeft(), absl::Seconds(1))));
     grpc::Status status = coordinator_->DeregisterWorker(context.get(), request, &response);
     if (!status.ok()) spdlog::warn("deregistration failed: {}", status.error_message());
     registered_ = false;
