@@ -112,7 +112,7 @@ job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_
 cli watch "$job" --since_step=1 >"$tmp/watch2.txt" 2>&1 &
 pids+=($!)
 wait_for "$tmp/watch2.txt" "^ *20 " || fail "the preempted job did not reach step 20"
-asked=$(cli --output=json checkpoint "$job" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+asked=$(cli --output=json checkpoint "$job" | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p')
 [ -n "$asked" ] && [ "$asked" -gt 20 ] || fail "meshrun checkpoint picked no step: '$asked'"
 for _ in $(seq 300); do [ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] && break; sleep 0.1; done
 [ -f "$tmp/preempt/$asked/meshrun_checkpoint.json" ] ||
