@@ -456,10 +456,7 @@ void WorkerServer::Drain(absl::Duration deadline) {
     request.set_host(config_.identity.host);
     request.set_incarnation(incarnation());
     v1::DeregisterWorkerResponse response;
-    // Attempted for at least a second, even past the deadline (the destructor drains with
-    // none): a worker still ALIVE on the coordinator holds its host name until it times out.
-    auto context = ContextWithTimeout(
-        std::min(config_.rpc_timeout, std::max(DrainLeft(), absl::Seconds(1))));
+    auto context = ContextWithTimeout(std::min(config_.rpc_timeout, DrainLeft()));
     grpc::Status status = coordinator_->DeregisterWorker(context.get(), request, &response);
     if (!status.ok()) spdlog::warn("deregistration failed: {}", status.error_message());
     registered_ = false;
@@ -467,7 +464,9 @@ void WorkerServer::Drain(absl::Duration deadline) {
   DrainServer(*server_, DrainLeft());
 }
 
-WorkerServer::~WorkerServer() { Drain(absl::ZeroDuration()); }
+// A second, so that an in-process server going away (tests, embedders) still deregisters: a
+// worker left ALIVE on the coordinator holds its host name until its heartbeats time out.
+WorkerServer::~WorkerServer() { Drain(absl::Seconds(1)); }
 
 void WorkerServer::WaitForJobEnd(absl::Duration deadline) {
   const absl::Time until = absl::Now() + deadline;

@@ -83,8 +83,9 @@ class WorkerServer {
   bool registered() const { return registered_; }
 
   // Stops heartbeating, cancels a running job between steps (one with checkpoints first saves
-  // the step the coordinator picks for all its hosts: PreemptJob), deregisters (for at least
-  // 1 s, at most rpc_timeout), gives in-flight calls until `deadline`, then stops.
+  // the step the coordinator picks for all its hosts: PreemptJob), deregisters (bounded by
+  // rpc_timeout and the deadline), gives in-flight calls until `deadline`, then stops. The
+  // destructor drains with a deadline of 1 s.
   void Drain(absl::Duration deadline);
 
  private:
