@@ -203,6 +203,15 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
     return absl::FailedPreconditionError(
         "this worker has no runtime; start meshrun-worker with --pjrt_plugin");
   }
+  // Fencing: a StartJob that waited for an address while the worker behind it was restarted
+  // addresses the dead incarnation; this process is not a member of that job.
+  if (auto member = manifest.host_incarnations().find(config_.identity.host);
+      member != manifest.host_incarnations().end() && member->second != incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", request.job_id(), " was assigned to incarnation ", member->second, " of host ",
+        config_.identity.host, "; this process is incarnation ", incarnation(),
+        " (the worker restarted or re-registered)"));
+  }
   // limits: the data, bundle and checkpoint paths a client chose, only under --data_root.
   RETURN_IF_ERROR(coordinator::CheckWorkerSpecPaths(spec, data_roots_));
   const int attempt = manifest.attempts_size();

@@ -40,5 +40,7 @@ for round in 2 3; do
   cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job$round.txt" \
     || fail "job $round, after the restart at 127.0.0.1:$wport, did not succeed: $(cat "$tmp/job$round.txt")"
   grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job$round.txt" || fail "job $round state"
+  # The failed job's StartJob, if it waited for the address, is refused by the new process.
+  ! grep -q "job $dead started" "$tmp/worker-$round.log" || fail "the restarted worker ran $dead, a job of its dead incarnation"
 done
 echo "worker_restart_test: both jobs after a restart at the same address succeeded"
