@@ -149,6 +149,11 @@ void ExecutableStore::FlushLoop() {
     int error = SyncFile(temp);
     {
       absl::MutexLock lock(&mu_);
+      auto still = pending_.find(fp);
+      if (still == pending_.end() || still->second != temp) {
+        flushing_ = false;  // Read found it corrupt and dropped it meanwhile
+        continue;
+      }
       if (error == 0 && ::rename(temp.c_str(), PathOf(fp).c_str()) != 0) error = errno;
       if (error != 0) {
         spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
@@ -398,8 +403,13 @@ absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint
   bytes << in.rdbuf();
   std::string contents = bytes.str();
   if (Sha256Hex(contents) != fingerprint) {
+    // The flusher may have renamed the file since it was opened: drop it wherever it is now.
     absl::MutexLock lock(&mu_);
-    std::filesystem::remove(path);
+    if (auto it = pending_.find(fingerprint); it != pending_.end()) {
+      ::unlink(it->second.c_str());
+      pending_.erase(it);
+    }
+    ::unlink(PathOf(fingerprint).c_str());
     uses_.erase(fingerprint);
     return absl::DataLossError(
         absl::StrCat("executable ", fingerprint, " was corrupted on disk; deleted"));

@@ -178,7 +178,7 @@ class ExecutableStore {
   mutable absl::Mutex mu_;
   mutable std::map<std::string, Use> uses_ ABSL_GUARDED_BY(mu_);  // durable, by fingerprint
   // Committed, not yet durable: fingerprint -> temp path (renamed under mu_ when flushed).
-  std::map<std::string, std::string> pending_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, std::string> pending_ ABSL_GUARDED_BY(mu_);  // Read drops corrupt ones
   std::deque<std::string> to_flush_ ABSL_GUARDED_BY(mu_);  // fingerprints, commit order
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // the flusher is working on one
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
