@@ -168,7 +168,7 @@ TEST_F(JobBundleTest, FilesOutsideTheRootsAreRefusedNamingFieldAndRoot) {
   const std::string canonical_root = fs::canonical(root).string();
 
   for (const char* file : {"../../outside.txt", "link.mlirbc", "linked_dir/step.mlirbc",
-                                  "sub/../../../outside.txt", "/../../outside.txt"}) {
+                           "sub/../../../outside.txt", "/../../outside.txt"}) {
     absl::StatusOr<std::string> read =
         ReadBundleFile(job_json, file, "programs.init.file", &*roots);
     ASSERT_FALSE(read.ok()) << file << " was read: " << *read;
