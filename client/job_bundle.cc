@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/path_roots.h"
 #include "common/status_macros.h"
 
 namespace meshrun::client {
@@ -148,8 +149,13 @@ std::string BundleDir(const std::string& job_json_path) {
 }
 
 absl::StatusOr<std::string> ReadBundleFile(const std::string& job_json_path,
-                                           const std::string& file, const std::string& field) {
-  const std::string path = BundleDir(job_json_path) + "/" + file;
+                                           const std::string& file, const std::string& field,
+                                           const PathRoots* roots) {
+  std::string path = BundleDir(job_json_path) + "/" + file;
+  if (roots != nullptr) {  // "../../etc/passwd", or a symlink out of the bundle: refused
+    ASSIGN_OR_RETURN(path, roots->Resolve(std::filesystem::absolute(path).string(),
+                                          absl::StrCat(job_json_path, ": ", field)));
+  }
   absl::StatusOr<std::string> bytes = ReadWhole(path);
   if (!bytes.ok()) {
     return absl::NotFoundError(absl::StrCat(job_json_path, ": ", field, " names ", path,

@@ -13,6 +13,10 @@
 #include "meshrun/v1/bundle.pb.h"
 #include "meshrun/v1/job.pb.h"
 
+namespace meshrun {
+class PathRoots;
+}  // namespace meshrun
+
 namespace meshrun::client {
 
 // A bundle directory's job.json; any other path as it is.
@@ -28,10 +32,15 @@ absl::StatusOr<v1::JobBundle> ReadJobBundle(const std::string& bundle);
 // The directory holding a job.json; bundle file names are relative to it.
 std::string BundleDir(const std::string& job_json_path);
 
-// `file` of the bundle at `job_json_path`, read whole. `field` names it in errors.
-// Errors: NOT_FOUND naming the field and path.
+// `file` of the bundle at `job_json_path`, read whole. `field` names it in errors. With
+// `roots` (a server reading a client's bundle), the file, joined to the bundle's directory
+// with ".." and symlinks resolved, must lie under one of them.
+// Errors: NOT_FOUND naming the field and path; INVALID_ARGUMENT (not a regular file, too
+// large; outside `roots`: "<job.json>: <field> \"<path>\" is outside the directories this
+// server reads (<roots>)...", PathRoots::Resolve).
 absl::StatusOr<std::string> ReadBundleFile(const std::string& job_json_path,
-                                           const std::string& file, const std::string& field);
+                                           const std::string& file, const std::string& field,
+                                           const PathRoots* roots = nullptr);
 
 struct BundleOptions {
   int64_t steps = 100;

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "common/path_roots.h"
+
 namespace meshrun::client {
 namespace {
 
@@ -145,6 +147,49 @@ TEST(CommittedBundles, ReadUnchanged) {
     ++read;
   }
   EXPECT_GE(read, 10);
+}
+
+// A server reading a client's bundle (the worker, --data_root) resolves each file the bundle
+// names, joined to its directory, and refuses one that climbs or links out of the roots.
+TEST_F(JobBundleTest, FilesOutsideTheRootsAreRefusedNamingFieldAndRoot) {
+  const fs::path root = dir_ / "root";
+  const fs::path bundle = root / "bundle";
+  fs::create_directories(bundle / "sub");
+  Write(bundle / "init.mlirbc", "init-code");
+  Write(dir_ / "outside.txt", "secret");
+  fs::create_directories(dir_ / "outside_dir");
+  Write(dir_ / "outside_dir" / "step.mlirbc", "secret");
+  fs::create_symlink(dir_ / "outside.txt", bundle / "link.mlirbc");
+  fs::create_symlink(dir_ / "outside_dir", bundle / "linked_dir");
+  fs::create_symlink(bundle / "init.mlirbc", root / "inside_link.mlirbc");
+  const std::string job_json = (bundle / "job.json").string();
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root.string()});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  const std::string canonical_root = fs::canonical(root).string();
+
+  for (const char* file : {"../../outside.txt", "link.mlirbc", "linked_dir/step.mlirbc",
+                           "sub/../../../outside.txt", "/../../outside.txt"}) {
+    absl::StatusOr<std::string> read =
+        ReadBundleFile(job_json, file, "programs.init.file", &*roots);
+    ASSERT_FALSE(read.ok()) << file << " was read: " << *read;
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+    const std::string message(read.status().message());
+    EXPECT_NE(message.find("programs.init.file"), std::string::npos) << message;
+    EXPECT_NE(message.find("is outside"), std::string::npos) << message;
+    EXPECT_NE(message.find(canonical_root), std::string::npos) << message;
+    EXPECT_NE(message.find("--data_root"), std::string::npos) << message;
+  }
+  // Inside the root, however it is named, it is read.
+  for (const char* file : {"init.mlirbc", "sub/../init.mlirbc", "../inside_link.mlirbc"}) {
+    absl::StatusOr<std::string> read = ReadBundleFile(job_json, file, "programs.init.file",
+                                                      &*roots);
+    ASSERT_TRUE(read.ok()) << file << ": " << read.status();
+    EXPECT_EQ(*read, "init-code");
+  }
+  // A client reading its own bundle (no roots) follows what the bundle names.
+  absl::StatusOr<std::string> own = ReadBundleFile(job_json, "link.mlirbc", "programs.init.file");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*own, "secret");
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
   // late report from the new run's.
   if (report.attempt() != job.attempts_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint of step ", report.step(), " is from run ", report.attempt() + 1,
+        "the checkpoint of step ", report.step(), " is from run ", int64_t{report.attempt()} + 1,
         " of job ", report.job_id(), ", which restarted since (now run ",
         job.attempts_size() + 1, "); it is not committed"));
   }
@@ -90,7 +90,7 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
   ASSIGN_OR_RETURN(job, jobs_->Get(report.job_id()));
   if (IsFinal(job.state()) || job.attempts_size() != report.attempt()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "run ", report.attempt() + 1, " of job ", report.job_id(),
+        "run ", int64_t{report.attempt()} + 1, " of job ", report.job_id(),
         " ended before its checkpoint of step ", report.step(), " was complete"));
   }
   return Finish(job, std::move(done));

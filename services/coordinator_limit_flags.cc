@@ -31,6 +31,10 @@ ABSL_FLAG(int64_t, max_watch_streams, 1000,
 ABSL_FLAG(int64_t, max_upload_streams, 10000,
           "UploadTelemetry streams (workers' telemetry, one a worker) served at once; more are "
           "refused (RESOURCE_EXHAUSTED); 0: unlimited");
+ABSL_FLAG(int64_t, max_slow_calls, 256,
+          "calls that wait on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
+          "DrainWorker, CheckpointJob, PreemptJob, job and checkpoint reports) served at once, "
+          "each on a thread of its own; more are refused (RESOURCE_EXHAUSTED); 0: unlimited");
 
 namespace meshrun::services {
 
@@ -45,7 +49,8 @@ CoordinatorLimits CoordinatorLimitsFromFlags() {
           .job_retention = absl::GetFlag(FLAGS_job_retention),
           .max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs),
           .max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams),
-          .max_upload_streams = absl::GetFlag(FLAGS_max_upload_streams)};
+          .max_upload_streams = absl::GetFlag(FLAGS_max_upload_streams),
+          .max_slow_calls = absl::GetFlag(FLAGS_max_slow_calls)};
 }
 
 }  // namespace meshrun::services

@@ -49,6 +49,11 @@ struct CoordinatorLimits {
   int64_t max_finished_jobs = 1000;
   int64_t max_watch_streams = 1000;
   int64_t max_upload_streams = 10000;
+  // Calls that wait on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, DrainWorker,
+  // CheckpointJob, PreemptJob, ReportJobProgress, ReportCheckpoint) run on a thread each, off
+  // gRPC's callback threads; this many at once, more are refused (RESOURCE_EXHAUSTED); 0:
+  // unlimited.
+  int64_t max_slow_calls = 256;
 };
 
 class SubmitAdmission {

@@ -126,7 +126,15 @@ class CoordinatorServer::Service final
       : handler_(handler),
         watch_slots_(limits.max_watch_streams, "WatchTelemetry streams", "--max_watch_streams"),
         upload_slots_(limits.max_upload_streams, "UploadTelemetry streams",
-                      "--max_upload_streams") {}
+                      "--max_upload_streams"),
+        slow_slots_(limits.max_slow_calls,
+                    "calls waiting on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
+                    "DrainWorker, CheckpointJob, PreemptJob, ReportJobProgress, "
+                    "ReportCheckpoint)",
+                    "--max_slow_calls") {}
+
+  // Waits for the slow calls' threads; after the server stopped taking calls (Drain).
+  void JoinSlowCalls() { slow_calls_.JoinAll(); }
 
   grpc::ServerUnaryReactor* GetSupportedVersions(grpc::CallbackServerContext* context,
                                                  const v1::GetSupportedVersionsRequest* request,
@@ -168,8 +176,10 @@ class CoordinatorServer::Service final
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override {
-    return FinishUnary(context,
-                       [&] { return handler_->SubmitJob(*request, response, ClientKey(*context)); });
+    // Reads the data receipt's files and writes the programs: off the callback thread.
+    return OffThread(context, [this, request, response, client = ClientKey(*context)] {
+      return handler_->SubmitJob(*request, response, client);
+    });
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
@@ -189,7 +199,8 @@ class CoordinatorServer::Service final
   grpc::ServerUnaryReactor* ReportJobProgress(grpc::CallbackServerContext* context,
                                               const v1::ReportJobProgressRequest* request,
                                               v1::ReportJobProgressResponse* response) override {
-    return FinishUnary(context, [&] {
+    // A job's end discards its uncommitted checkpoints on disk: off the callback thread.
+    return OffThread(context, [this, context, request, response] {
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
       RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
       return handler_->ReportJobProgress(*request, response);
@@ -198,7 +209,8 @@ class CoordinatorServer::Service final
   grpc::ServerUnaryReactor* ReportCheckpoint(grpc::CallbackServerContext* context,
                                              const v1::ReportCheckpointRequest* request,
                                              v1::ReportCheckpointResponse* response) override {
-    return FinishUnary(context, [&] {
+    // The last host's report writes the commit: off the callback thread.
+    return OffThread(context, [this, context, request, response] {
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
       RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
       return handler_->ReportCheckpoint(*request, response);
@@ -207,18 +219,22 @@ class CoordinatorServer::Service final
   grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* context,
                                           const v1::CheckpointJobRequest* request,
                                           v1::CheckpointJobResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->CheckpointJob(*request, response); });
+    return OffThread(context, [this, request, response] {  // asks the job's hosts, 5 s at worst
+      return handler_->CheckpointJob(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* context,
                                         const v1::DrainWorkerRequest* request,
                                         v1::DrainWorkerResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->DrainWorker(*request, response); });
+    return OffThread(context, [this, request, response] {  // relays to the worker, 5 s at worst
+      return handler_->DrainWorker(*request, response);
+    });
   }
 
   grpc::ServerUnaryReactor* PreemptJob(grpc::CallbackServerContext* context,
                                        const v1::PreemptJobRequest* request,
                                        v1::PreemptJobResponse* response) override {
-    return FinishUnary(context, [&] {
+    return OffThread(context, [this, context, request, response] {  // CheckpointJob's waits
       RETURN_IF_ERROR(CheckWorkerHost(*context, request->host()));
       RETURN_IF_ERROR(Member(context, request->job_id(), request->incarnation()));
       return handler_->PreemptJob(*request, response);
@@ -236,12 +252,16 @@ class CoordinatorServer::Service final
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const v1::GetMetricsRequest* request,
                                        v1::GetMetricsResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->GetMetrics(*request, response); });
+    return OffThread(context, [this, request, response] {  // asks every worker, 5 s at worst
+      return handler_->GetMetrics(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* GetDeviceMemory(grpc::CallbackServerContext* context,
                                             const v1::GetDeviceMemoryRequest* request,
                                             v1::GetDeviceMemoryResponse* response) override {
-    return FinishUnary(context, [&] { return handler_->GetDeviceMemory(*request, response); });
+    return OffThread(context, [this, request, response] {  // asks the worker, 5 s at worst
+      return handler_->GetDeviceMemory(*request, response);
+    });
   }
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* context,
                                         const v1::KeyValueSetRequest* request,
@@ -301,6 +321,21 @@ class CoordinatorServer::Service final
   }
 
  private:
+  // Calls that wait on disk or workers run on slow_calls_' threads (limits: --max_slow_calls),
+  // so gRPC's callback threads stay free for heartbeats.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* OffThread(grpc::CallbackServerContext* context, Handler handler) {
+    absl::StatusOr<StreamSlots::Slot> slot = slow_slots_.Acquire();
+    if (!slot.ok()) return Refuse(context->DefaultReactor(), slot.status());
+    return FinishUnaryOffThread(
+        context, slow_calls_,
+        [handler = std::move(handler),
+         slot = std::make_shared<StreamSlots::Slot>(std::move(*slot))]() mutable {
+          const absl::Status status = handler();
+          slot.reset();  // free before the client hears, so its next call finds it
+          return status;
+        });
+  }
   // security: a worker reaches only the keys and reports of its jobs (job_membership.h).
   absl::Status KeyAllowed(grpc::CallbackServerContext* context, const std::string& key) {
     return handler_->membership().CheckKey(PeerIdentity(*context), key);
@@ -317,6 +352,8 @@ class CoordinatorServer::Service final
   CoordinatorRpcHandler* const handler_;
   StreamSlots watch_slots_;   // limits: --max_watch_streams
   StreamSlots upload_slots_;  // limits: --max_upload_streams
+  StreamSlots slow_slots_;    // limits: --max_slow_calls
+  BackgroundTasks slow_calls_;  // joined by Drain, before the server goes
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Config config) {
@@ -502,6 +539,7 @@ void CoordinatorServer::Drain(absl::Duration deadline) {
   if (http_) http_->Stop();  // its streams end; it calls into the handler no more
   kv_->CancelWaiters();  // long waits end now, cleanly, rather than at the deadline
   DrainServer(*server_, deadline);
+  service_->JoinSlowCalls();  // they finish their calls, bounded by their workers' deadlines
   stop_sweeper_.Notify();
   sweeper_.join();
 }

@@ -89,8 +89,8 @@ class CoordinatorRpcHandler {
     return absl::OkStatus();
   }
 
-  // Ask the workers (bounded by a 5 s deadline each); run on a server thread, so they block it
-  // only that long.
+  // Ask the workers (bounded by a 5 s deadline each); the server runs these (and every call
+  // that waits on disk or workers) off gRPC's callback threads (unary_reactor.h).
   absl::Status GetMetrics(const v1::GetMetricsRequest& request, v1::GetMetricsResponse* response);
   absl::Status GetDeviceMemory(const v1::GetDeviceMemoryRequest& request,
                                v1::GetDeviceMemoryResponse* response);

@@ -111,14 +111,24 @@ absl::StatusOr<int64_t> JobLauncher::Preempt(const v1::PreemptJobRequest& reques
   }
   if (request.attempt() != job.attempts_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the preemption is of run ", request.attempt() + 1, " of job ", request.job_id(),
+        "the preemption is of run ", int64_t{request.attempt()} + 1, " of job ", request.job_id(),
         ", which restarted since (now run ", job.attempts_size() + 1, ")"));
   }
   {
     absl::MutexLock lock(&mu_);
     preempted_[request.job_id()] = {request.attempt(), request.host()};
   }
-  return CheckpointNow(request.job_id(), /*then_stop=*/true);
+  absl::StatusOr<int64_t> step = CheckpointNow(request.job_id(), /*then_stop=*/true);
+  if (!step.ok() && !absl::IsUnavailable(step.status())) {
+    // Refused before any host was asked (no policy, not running): nothing will stop, and a
+    // refused notice must leave nothing behind (an ended job's entry would stay forever).
+    absl::MutexLock lock(&mu_);
+    if (auto it = preempted_.find(request.job_id());
+        it != preempted_.end() && it->second == std::pair(request.attempt(), request.host())) {
+      preempted_.erase(it);
+    }
+  }
+  return step;
 }
 
 void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string& error) {

@@ -100,17 +100,19 @@ absl::StatusOr<runtime::HostArray> ReplicaRows(const runtime::HostArray& array, 
 
 // The step's batches from the job's data source. Token shards and synthetic tokens fill only
 // the rows of this host's mesh partitions (worker/batch_sources.h); a host replica takes its
-// share of the global batch.
+// share of the global batch. An example bundle's files are read only under `roots`.
 absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobManifest& manifest,
                                                                  const v1::Program& step,
                                                                  int first_batch_input,
                                                                  const std::string& host,
-                                                                 Replica replica) {
+                                                                 Replica replica,
+                                                                 const PathRoots& roots) {
   const v1::DataSource& data = manifest.spec().data();
   const v1::MeshAssignment& mesh = manifest.mesh();
   if (data.has_array_file()) return ArrayFileBatchesFor(manifest, replica.index);  // sdk
   if (data.has_example_bundle()) {
-    ASSIGN_OR_RETURN(runtime::ExampleJob bundle, runtime::LoadExampleJob(data.example_bundle()));
+    ASSIGN_OR_RETURN(runtime::ExampleJob bundle,
+                     runtime::LoadExampleJob(data.example_bundle(), &roots));
     if (bundle.batches.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.example_bundle ", data.example_bundle(), " has no batches"));
@@ -248,7 +250,7 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   ASSIGN_OR_RETURN(const Replica replica, ReplicaOf(manifest.mesh(), config_.identity.host));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
                    MakeBatches(manifest, batch_program, spec.state_count() + num_grad_acc,
-                               config_.identity.host, replica));
+                               config_.identity.host, replica, data_roots_));
   worker::RunSpec run{.job_id = manifest.job_id(),
                       .host = config_.identity.host,
                       .num_state = spec.state_count(),

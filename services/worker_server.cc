@@ -69,7 +69,10 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* StartJob(grpc::CallbackServerContext* context,
                                      const v1::StartJobRequest* request,
                                      v1::StartJobResponse*) override {
-    return FinishUnary(context, [&] { return owner_->StartJob(*request); });
+    // Reads executables and data from disk, loads programs, may wait for an earlier run's
+    // end: off the callback thread.
+    return FinishUnaryOffThread(context, owner_->slow_calls_,
+                                [this, request] { return owner_->StartJob(*request); });
   }
   grpc::ServerUnaryReactor* StopJob(grpc::CallbackServerContext* context,
                                     const v1::StopJobRequest* request,
@@ -122,7 +125,10 @@ class WorkerServer::LoadReactor final : public grpc::ServerReadReactor<v1::LoadE
 
   void OnReadDone(bool ok) override {
     idle_->Touch();  // limits: --upload_idle_timeout
-    if (!ok) return Complete();
+    if (!ok) {  // the commit waits for the upload's writer (the disk): off this thread
+      owner_->slow_calls_.Run([this] { Complete(); });
+      return;
+    }
     absl::Status status = Accept();
     if (!status.ok()) {
       upload_.reset();
@@ -194,20 +200,23 @@ grpc::ServerReadReactor<v1::LoadExecutableChunk>* WorkerServer::Service::LoadExe
                          auth != nullptr && auth->IsPeerAuthenticated());
 }
 
-// Compiles on the calling gRPC thread (a coordinator asks once per cache key), then streams
-// the executable with one write in flight.
+// Compiles on a thread of the worker's slow calls, not gRPC's (a coordinator asks once per
+// cache key), then streams the executable with one write in flight.
 class WorkerServer::CompileReactor final
     : public grpc::ServerWriteReactor<v1::LoadExecutableChunk> {
  public:
-  CompileReactor(WorkerServer* owner, const v1::CompileProgramRequest& request) {
-    absl::StatusOr<std::string> bytes = owner->CompileProgram(request);
-    if (!bytes.ok()) {
-      Finish(ToGrpcStatus(bytes.status()));
-      return;
-    }
-    bytes_ = *std::move(bytes);
-    sha256_ = Sha256Hex(bytes_);
-    WriteNext();
+  // `request` stays valid until the reactor finished.
+  CompileReactor(WorkerServer* owner, const v1::CompileProgramRequest* request) {
+    owner->slow_calls_.Run([this, owner, request] {
+      absl::StatusOr<std::string> bytes = owner->CompileProgram(*request);
+      if (!bytes.ok()) {
+        Finish(ToGrpcStatus(bytes.status()));
+        return;
+      }
+      bytes_ = *std::move(bytes);
+      sha256_ = Sha256Hex(bytes_);
+      WriteNext();
+    });
   }
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
@@ -240,7 +249,7 @@ class WorkerServer::CompileReactor final
 
 grpc::ServerWriteReactor<v1::LoadExecutableChunk>* WorkerServer::Service::CompileProgram(
     grpc::CallbackServerContext*, const v1::CompileProgramRequest* request) {
-  return new CompileReactor(owner_, *request);
+  return new CompileReactor(owner_, request);
 }
 
 absl::StatusOr<std::string> WorkerServer::CompileProgram(const v1::CompileProgramRequest& request) {
@@ -462,6 +471,7 @@ void WorkerServer::Drain(absl::Duration deadline) {
     registered_ = false;
   }
   DrainServer(*server_, DrainLeft());
+  slow_calls_.JoinAll();  // they finish their calls, then the server may go
 }
 
 // A second, so that an in-process server going away (tests, embedders) still deregisters: a

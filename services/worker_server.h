@@ -133,6 +133,9 @@ class WorkerServer {
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);
   BackgroundTasks reporters_;  // outcome reports, retried while the coordinator is away
+  // Calls that wait on disk, a compile or a job (StartJob, CompileProgram, an upload's
+  // commit), off gRPC's callback threads; joined by Drain, before the server goes.
+  BackgroundTasks slow_calls_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

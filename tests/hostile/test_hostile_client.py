@@ -2,8 +2,9 @@
 and out-of-order calls to every RPC of the Coordinator and Worker services, written as an
 outside client would with grpcio and stubs generated from proto/. After each call: the code and
 message are the documented ones, both servers still answer health, and nothing changed."""
-import os
 import hashlib
+import os
+import time
 
 import grpc
 import pytest
@@ -296,3 +297,185 @@ def test_versions_answer(cluster):
     assert cluster.worker.GetSupportedVersions(wpb.GetWorkerSupportedVersionsRequest(),
                                                timeout=TIMEOUT).ByteSize() > 0
     assert cluster.both_healthy()
+
+
+# ------------------------------------------------- Every other RPC: listings, admin, replays
+def answered(cluster, call):
+    """Runs call(); it must succeed (the server ignores what it does not know) and leave both
+    servers healthy and the observable state unchanged. Returns its answer."""
+    before = cluster.state()
+    result = call()
+    assert cluster.running(), "a server exited:\n" + cluster.logs()
+    assert cluster.both_healthy(), "a server stopped answering health:\n" + cluster.logs()
+    assert cluster.state() == before
+    return result
+
+
+def raw(channel, method, response_type):
+    """`method` called with request bytes as given: what an outside client on another proto
+    (a newer one with paging, say) or a broken encoder sends."""
+    return channel.unary_unary(method, request_serializer=lambda b: b,
+                               response_deserializer=response_type.FromString)
+
+
+def varint(n):
+    n &= (1 << 64) - 1  # negative numbers as proto encodes int64
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def field(number, value):
+    """One proto field: an int as a varint, bytes length-delimited."""
+    if isinstance(value, int):
+        return varint(number << 3) + varint(value)
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+# Fields this proto does not have (page tokens and sizes, filters, limits), out of range.
+UNKNOWN_FIELDS = (field(1, b"\xff" * 64) + field(2, -1) + field(3, b"state=RUNNING' OR 1=1") +
+                  field(4, (1 << 63) - 1) + field(99, b"x" * 4096))
+MALFORMED = (b"\x0a\xff\xff\xff\xff\x0f",  # a length past the end
+             b"\x08",  # a varint cut short
+             b"\x80" * 11)  # a varint longer than 10 bytes
+# What gRPC's callback API answers a request that does not parse, before any handler runs:
+# UNIMPLEMENTED with no message (Debian's gRPC 1.51); INTERNAL in other versions.
+UNPARSED = (C.UNIMPLEMENTED, C.INTERNAL)
+
+
+@pytest.fixture(scope="module")
+def finished_job(cluster):
+    """A job that ran to SUCCEEDED on host-a, and one genuine telemetry summary of it."""
+    co = cluster.coordinator
+    job_id = submit(cluster, spec()).job_id
+    deadline = time.monotonic() + 150
+    job = co.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=TIMEOUT)
+    while job.state != job_pb2.JOB_STATE_SUCCEEDED:
+        assert job.state not in (job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED), \
+            f"{job}\n{cluster.logs()}"
+        assert time.monotonic() < deadline, f"not finished: {job}\n{cluster.logs()}"
+        time.sleep(0.2)
+        job = co.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=TIMEOUT)
+    cluster.wait_idle()
+    history = list(co.WatchTelemetry(cpb.WatchTelemetryRequest(
+        job_id=job_id, host_detail=True, history_only=True), timeout=TIMEOUT))
+    assert history and history[-1].host_detail, f"no telemetry: {history}"
+    return job, history
+
+
+def history_of(cluster, job_id):
+    return [s.SerializeToString() for s in cluster.coordinator.WatchTelemetry(
+        cpb.WatchTelemetryRequest(job_id=job_id, host_detail=True, history_only=True),
+        timeout=TIMEOUT)]
+
+
+def test_list_jobs_unknown_and_malformed_requests(cluster, finished_job):
+    listed = raw(cluster.cchan, "/meshrun.v1.Coordinator/ListJobs", cpb.ListJobsResponse)
+    plain = cluster.coordinator.ListJobs(cpb.ListJobsRequest(), timeout=TIMEOUT)
+    # Paging and filters this server does not have are ignored: the whole list, as it was.
+    got = answered(cluster, lambda: listed(UNKNOWN_FIELDS, timeout=TIMEOUT))
+    assert sorted(j.job_id for j in got.jobs) == sorted(j.job_id for j in plain.jobs)
+    assert finished_job[0].job_id in [j.job_id for j in got.jobs]
+    for bad in MALFORMED:  # bytes that are no request at all: refused by gRPC, nothing run
+        refused(cluster, lambda: listed(bad, timeout=TIMEOUT), UNPARSED)
+
+
+def test_list_workers_job_filter(cluster, finished_job):
+    co = cluster.coordinator
+    for job_id in ("job-404", "../job-1", "x" * 4096):
+        refused(cluster, lambda: co.ListWorkers(cpb.ListWorkersRequest(job_id=job_id),
+                                                timeout=TIMEOUT), C.NOT_FOUND)
+    # A finished job's pin explains nothing away: host-a is listed, not excluded.
+    got = answered(cluster, lambda: co.ListWorkers(
+        cpb.ListWorkersRequest(job_id=finished_job[0].job_id), timeout=TIMEOUT))
+    assert [w.exclusion_reason for w in got.workers if w.registration.host == "host-a"] == [""]
+
+
+def test_key_value_list_bad_prefixes(cluster):
+    co = cluster.coordinator
+    co.KeyValueSet(cpb.KeyValueSetRequest(key="hostile/kept", value=b"v", allow_overwrite=True),
+                   timeout=TIMEOUT)
+    refused(cluster, lambda: co.KeyValueList(cpb.KeyValueListRequest(directory=""),
+                                             timeout=TIMEOUT), C.INVALID_ARGUMENT, "directory")
+    # Prefixes that climb, are empty components, or are past the key length match nothing.
+    for directory in ("/", "../hostile", "hostile/../", "hostile//", "\x00", "h" * (64 << 10)):
+        got = answered(cluster, lambda: co.KeyValueList(
+            cpb.KeyValueListRequest(directory=directory), timeout=TIMEOUT))
+        assert not got.entries, (directory[:20], got)
+    # A limit this proto does not have, huge, is ignored: the directory as it is.
+    listed = raw(cluster.cchan, "/meshrun.v1.Coordinator/KeyValueList",
+                 cpb.KeyValueListResponse)
+    got = answered(cluster, lambda: listed(field(1, b"hostile") + field(2, (1 << 63) - 1) +
+                                           field(3, -1), timeout=TIMEOUT))
+    assert [(e.key, e.value) for e in got.entries] == [("hostile/kept", b"v")]
+
+
+def test_worker_get_status_unknown_and_malformed(cluster):
+    status = raw(cluster.wchan, "/meshrun.v1.Worker/GetStatus", wpb.WorkerStatusReport)
+    got = answered(cluster, lambda: status(UNKNOWN_FIELDS, timeout=TIMEOUT))
+    assert got.host == "host-a" and got.incarnation == cluster.registration().incarnation
+    for bad in MALFORMED:
+        refused(cluster, lambda: status(bad, timeout=TIMEOUT), UNPARSED)
+
+
+def test_preempt_job_hostile(cluster, finished_job):
+    co = cluster.coordinator
+    job = finished_job[0]
+    inc = cluster.registration().incarnation
+    preempt = lambda **f: co.PreemptJob(cpb.PreemptJobRequest(**f), timeout=TIMEOUT)  # noqa
+    refused(cluster, lambda: preempt(), C.INVALID_ARGUMENT, "job_id")
+    refused(cluster, lambda: preempt(job_id="job-404", host="host-a", incarnation=inc),
+            C.NOT_FOUND, "job-404")
+    refused(cluster, lambda: preempt(job_id=job.job_id, host="host-404", incarnation="i"),
+            C.FAILED_PRECONDITION, "host-404")
+    refused(cluster, lambda: preempt(job_id=job.job_id, host="host-a", incarnation="old"),
+            C.FAILED_PRECONDITION, "incarnation")
+    for attempt in (-1, 7, 2**31 - 1, -2**31):  # runs that never were
+        refused(cluster, lambda: preempt(job_id=job.job_id, host="host-a", incarnation=inc,
+                                         attempt=attempt), C.FAILED_PRECONDITION, "run")
+    # The genuine notice, for a job that no longer runs (nor has a checkpoint policy).
+    refused(cluster, lambda: preempt(job_id=job.job_id, host="host-a", incarnation=inc,
+                                     attempt=len(job.attempts)), C.FAILED_PRECONDITION,
+            job.job_id)
+
+
+def test_drain_worker_hostile(cluster):
+    co = cluster.coordinator
+    # This cluster runs without tokens, so every caller is an admin; the secure cluster test
+    # covers a caller without the admin role.
+    refused(cluster, lambda: co.DrainWorker(cpb.DrainWorkerRequest(), timeout=TIMEOUT),
+            C.INVALID_ARGUMENT, "host")
+    for host in ("host-404", "../host-a", "host-a\x00", "h" * 4096):
+        refused(cluster, lambda: co.DrainWorker(cpb.DrainWorkerRequest(host=host),
+                                                timeout=TIMEOUT), C.NOT_FOUND, "not registered")
+
+
+def test_replayed_real_reports_are_refused(cluster, finished_job):
+    """The worker's own final report and one of its own telemetry summaries, sent again after
+    the job finished: refused, and the job and its history stay as they were."""
+    co = cluster.coordinator
+    job, history = finished_job
+    host, incarnation = next(iter(job.host_incarnations.items()))
+    before = co.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=TIMEOUT)
+    recorded = history_of(cluster, job.job_id)
+    report = cpb.ReportJobProgressRequest(job_id=job.job_id, host=host, incarnation=incarnation,
+                                          state=job_pb2.JOB_STATE_SUCCEEDED,
+                                          last_step=job.last_step, attempt=len(job.attempts))
+    for state in (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_RUNNING,
+                  job_pb2.JOB_STATE_FAILED):
+        report.state = state
+        refused(cluster, lambda: co.ReportJobProgress(report, timeout=TIMEOUT),
+                C.FAILED_PRECONDITION, "already ended")
+    summary = tpb.HostSummary()
+    summary.CopyFrom(history[-1].host_detail[0])
+    summary.incarnation = summary.incarnation or incarnation
+    summary.attempt = len(job.attempts)
+    refused(cluster, lambda: co.UploadTelemetry(iter([summary]), timeout=TIMEOUT),
+            C.NOT_FOUND, job.job_id)
+    after = co.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=TIMEOUT)
+    assert (after.state, after.last_step, after.finished_unix_micros) == \
+        (before.state, before.last_step, before.finished_unix_micros)
+    assert history_of(cluster, job.job_id) == recorded

@@ -1,10 +1,12 @@
 #include "worker/runtime/example_job.h"
 
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "client/job_bundle.h"
 #include "common/clock.h"
+#include "common/path_roots.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -35,10 +37,11 @@ absl::StatusOr<std::vector<ExampleArray>> ConvertArrays(
 }
 
 absl::StatusOr<ExampleProgram> ConvertProgram(const std::string& job_json_path,
-                                              const v1::BundleProgram& p, const std::string& role) {
+                                              const v1::BundleProgram& p, const std::string& role,
+                                              const PathRoots* roots) {
   ExampleProgram out;
   ASSIGN_OR_RETURN(out.code, client::ReadBundleFile(job_json_path, p.file(),
-                                                    "programs." + role + ".file"));
+                                                    "programs." + role + ".file", roots));
   ASSIGN_OR_RETURN(out.inputs, ConvertArrays(p.inputs()));
   ASSIGN_OR_RETURN(out.outputs, ConvertArrays(p.outputs()));
   out.donated_inputs.assign(p.donated_inputs().begin(), p.donated_inputs().end());
@@ -76,7 +79,14 @@ int ExampleJob::OutputIndex(const std::string& name) const {
   return -1;
 }
 
-absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
+absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path,
+                                          const PathRoots* roots) {
+  if (roots != nullptr) {  // a directory's job.json may be a symlink out of it
+    RETURN_IF_ERROR(roots->Resolve(std::filesystem::absolute(
+                                       client::BundleJsonPath(job_json_path)).string(),
+                                   "spec.data.example_bundle")
+                        .status());
+  }
   // The bundle itself through the product reader; the test fixtures are this loader's extras.
   ASSIGN_OR_RETURN(v1::JobBundle bundle, client::ReadJobBundle(job_json_path));
   ExampleJob job;
@@ -85,13 +95,13 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   job.mesh_shape.assign(bundle.mesh().shape().begin(), bundle.mesh().shape().end());
   job.device_ids.assign(bundle.mesh().device_ids().begin(), bundle.mesh().device_ids().end());
   const v1::BundlePrograms& programs = bundle.programs();
-  ASSIGN_OR_RETURN(job.init, ConvertProgram(job_json_path, programs.init(), "init"));
+  ASSIGN_OR_RETURN(job.init, ConvertProgram(job_json_path, programs.init(), "init", roots));
   if (!programs.grad().file().empty()) {  // compile mode B: grad micro-steps, then apply
-    ASSIGN_OR_RETURN(job.grad, ConvertProgram(job_json_path, programs.grad(), "grad"));
-    ASSIGN_OR_RETURN(job.apply, ConvertProgram(job_json_path, programs.apply(), "apply"));
+    ASSIGN_OR_RETURN(job.grad, ConvertProgram(job_json_path, programs.grad(), "grad", roots));
+    ASSIGN_OR_RETURN(job.apply, ConvertProgram(job_json_path, programs.apply(), "apply", roots));
     job.grad_accumulation = bundle.grad_accumulation();
   } else {
-    ASSIGN_OR_RETURN(job.step, ConvertProgram(job_json_path, programs.step(), "step"));
+    ASSIGN_OR_RETURN(job.step, ConvertProgram(job_json_path, programs.step(), "step", roots));
   }
   job.seed = bundle.seed();
   job.num_state = static_cast<int>(job.init.outputs.size());
@@ -105,7 +115,8 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   if (bundle.has_data()) {
     ASSIGN_OR_RETURN(job.data_arrays, ConvertArrays(bundle.data().arrays()));
     ASSIGN_OR_RETURN(std::string bytes,
-                     client::ReadBundleFile(job_json_path, bundle.data().file(), "data.file"));
+                     client::ReadBundleFile(job_json_path, bundle.data().file(), "data.file",
+                                            roots));
     const int64_t steps = bundle.data().steps();
     size_t offset = 0;
     for (int64_t s = 0; s < steps * job.grad_accumulation; ++s) {
@@ -128,7 +139,7 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   // neither unless asked). When present they are read whole.
   if (!bundle.reference().empty()) {
     ASSIGN_OR_RETURN(std::string text,
-                     client::ReadBundleFile(job_json_path, bundle.reference(), "reference"));
+                     client::ReadBundleFile(job_json_path, bundle.reference(), "reference", roots));
     google::protobuf::Struct reference;
     if (!google::protobuf::util::JsonStringToMessage(text, &reference).ok()) {
       return absl::InvalidArgumentError(
@@ -140,7 +151,7 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path) {
   if (!bundle.compile_options_jax().empty()) {
     ASSIGN_OR_RETURN(job.jax_compile_options,
                      client::ReadBundleFile(job_json_path, bundle.compile_options_jax(),
-                                            "compile_options_jax"));
+                                            "compile_options_jax", roots));
   }
   return job;
 }

@@ -16,6 +16,10 @@
 #include "absl/time/time.h"
 #include "worker/runtime/runtime.h"
 
+namespace meshrun {
+class PathRoots;
+}  // namespace meshrun
+
 namespace meshrun::runtime {
 
 struct ExampleArray {
@@ -60,9 +64,13 @@ struct ExampleJob {
   int OutputIndex(const std::string& name) const;  // among step (mode B: apply) outputs; -1: absent
 };
 
-// Reads <dir>/job.json with its programs, data and reference.
-// Errors: NOT_FOUND (a file missing, named), INVALID_ARGUMENT (malformed job, the field named).
-absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path);
+// Reads <dir>/job.json with its programs, data and reference. With `roots` (a worker reading a
+// job's bundle), job.json and every file it names must lie under one of them once joined to
+// the bundle's directory and resolved ("..", symlinks): client::ReadBundleFile.
+// Errors: NOT_FOUND (a file missing, named), INVALID_ARGUMENT (malformed job, the field named;
+// a file outside `roots`, naming the field and the roots).
+absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path,
+                                          const PathRoots* roots = nullptr);
 
 // The block of `global` that mesh partition `partition` holds under `sharding`.
 // Errors: INVALID_ARGUMENT (unknown axis, dimension not divisible).

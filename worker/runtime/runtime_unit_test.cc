@@ -1,10 +1,12 @@
 // Fast tests of the runtime's plain parts: compile options (against the bytes JAX writes),
 // dtypes and shapes, the in-memory key-value client, argument checks, example sharding.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "common/path_roots.h"
 #include "gtest/gtest.h"
 #include "worker/runtime/compile_options.h"
 #include "worker/runtime/example_job.h"
@@ -201,6 +203,46 @@ TEST(ExampleJob, LoadsTheCommittedTransformerJob) {
   }
   EXPECT_GE(params, 1'000'000);  // "about 1-5 M parameters"
   EXPECT_LE(params, 5'000'000);
+}
+
+// A worker reads a job's bundle with its --data_root roots: every file job.json names is
+// resolved against the bundle's directory and must lie under a root.
+TEST(ExampleJob, FilesTheBundleNamesOutsideTheRootsAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string examples = fs::canonical(std::string(MESHRUN_SOURCE_DIR) + "/examples");
+  const std::string dp1 = examples + "/transformer_lm/dp1";
+  absl::StatusOr<PathRoots> all = PathRoots::Create({examples});
+  ASSERT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<ExampleJob> job = LoadExampleJob(dp1 + "/job.json", &*all);
+  ASSERT_TRUE(job.ok()) << job.status();  // "../data.bin" stays under examples/
+  EXPECT_FALSE(job->batches.empty());
+
+  // Rooted at the bundle's own directory, its "../data.bin" climbs out.
+  absl::StatusOr<PathRoots> bundle_only = PathRoots::Create({dp1});
+  ASSERT_TRUE(bundle_only.ok()) << bundle_only.status();
+  job = LoadExampleJob(dp1 + "/job.json", &*bundle_only);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_TRUE(absl::StrContains(job.status().message(), "data.file")) << job.status();
+  EXPECT_TRUE(absl::StrContains(job.status().message(), "is outside")) << job.status();
+  EXPECT_TRUE(absl::StrContains(job.status().message(), "(" + dp1 + ")")) << job.status();
+
+  // A job.json that is a symlink out of the root is refused before it is read.
+  const fs::path root = fs::path(::testing::TempDir()) / "example_job_roots";
+  fs::remove_all(root);
+  fs::create_directories(root / "bundle");
+  fs::create_symlink(dp1 + "/job.json", root / "bundle" / "job.json");
+  absl::StatusOr<PathRoots> temp = PathRoots::Create({root.string()});
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  for (const fs::path& path : {root / "bundle", root / "bundle" / "job.json"}) {
+    job = LoadExampleJob(path.string(), &*temp);
+    ASSERT_FALSE(job.ok()) << path;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    EXPECT_TRUE(absl::StrContains(job.status().message(), "spec.data.example_bundle"))
+        << job.status();
+    EXPECT_TRUE(absl::StrContains(job.status().message(), "is outside")) << job.status();
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace

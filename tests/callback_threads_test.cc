@@ -1,0 +1,166 @@
+// No blocking on gRPC callback threads (issue 16, faults): a real coordinator on 127.0.0.1:0
+// with a registered worker whose address is a black hole (a socket that listens and never
+// answers, so every call to it waits for its 5 s deadline). While many GetDeviceMemory,
+// GetMetrics and DrainWorker calls wait on that worker, a heartbeat and cheap calls (GetJob,
+// ListWorkers) are answered promptly, and the slow calls still end with their usual codes.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "services/coordinator_server.h"
+#include "services/server_support.h"
+
+namespace meshrun::services {
+namespace {
+
+constexpr char kHost[] = "slow-host";
+constexpr char kIncarnation[] = "slow-1";
+// What a cheap call may take while the slow calls wait: generous for sanitizer builds on two
+// shared cores, far below the slow calls' 5 s.
+constexpr absl::Duration kPrompt = absl::Milliseconds(1500);
+constexpr int kSlowCalls = 48;  // per kind
+
+// A TCP listener that never accepts: connections complete in the kernel's backlog and then
+// hear nothing, as from a hung worker.
+class BlackHole {
+ public:
+  BlackHole() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(fd_, 1024) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      port_ = 0;
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~BlackHole() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// A channel of its own (a distinct argument keeps gRPC from sharing a connection), so the
+// probes never queue behind the slow calls' streams on the client side.
+std::unique_ptr<v1::Coordinator::Stub> Stub(int port, const std::string& tag) {
+  grpc::ChannelArguments args;
+  args.SetString("meshrun.test.channel", tag);
+  return v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+}
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+TEST(CallbackThreadsTest, CheapCallsAreAnsweredWhileSlowCallsWaitOnAHungWorker) {
+  BlackHole hole;
+  ASSERT_NE(hole.port(), 0) << "cannot listen on loopback";
+  auto server = CoordinatorServer::Start(
+      {.listen = "127.0.0.1:0", .state_dir = ::testing::TempDir() + "/callback_threads_test"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto probe = Stub(port, "probe");
+  {
+    v1::RegisterWorkerRequest request;
+    v1::WorkerRegistration* registration = request.mutable_registration();
+    registration->mutable_protocol()->set_version(1);
+    registration->set_host(kHost);
+    registration->set_address(absl::StrCat("127.0.0.1:", hole.port()));
+    registration->set_incarnation(kIncarnation);
+    v1::RegisterWorkerResponse response;
+    ASSERT_TRUE(probe->RegisterWorker(Context(absl::Seconds(5)).get(), request, &response).ok());
+  }
+
+  // The slow calls: each waits on the black hole for the coordinator's 5 s deadline.
+  std::vector<grpc::Status> device_memory(kSlowCalls), drains(kSlowCalls);
+  std::vector<grpc::Status> metrics(kSlowCalls);
+  std::atomic<int> ended{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kSlowCalls; ++i) {
+    callers.emplace_back([&, i] {
+      auto stub = Stub(port, absl::StrCat("slow-", i));
+      v1::GetDeviceMemoryRequest memory;
+      memory.set_host(kHost);
+      v1::GetDeviceMemoryResponse memory_response;
+      device_memory[i] =
+          stub->GetDeviceMemory(Context(absl::Seconds(60)).get(), memory, &memory_response);
+      ++ended;
+    });
+    callers.emplace_back([&, i] {
+      auto stub = Stub(port, absl::StrCat("slow-", i));
+      v1::GetMetricsResponse response;
+      metrics[i] = stub->GetMetrics(Context(absl::Seconds(60)).get(), v1::GetMetricsRequest(),
+                                    &response);
+      ++ended;
+    });
+    callers.emplace_back([&, i] {
+      auto stub = Stub(port, absl::StrCat("slow-", i));
+      v1::DrainWorkerRequest drain;
+      drain.set_host(kHost);
+      v1::DrainWorkerResponse response;
+      drains[i] = stub->DrainWorker(Context(absl::Seconds(60)).get(), drain, &response);
+      ++ended;
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the slow calls reach the coordinator and wait
+  ASSERT_EQ(ended.load(), 0) << "the slow calls did not wait on the hung worker";
+
+  // Meanwhile: heartbeats and cheap calls, each answered well within the slow calls' wait.
+  absl::Duration slowest;
+  for (int round = 0; round < 5; ++round) {
+    const absl::Time start = absl::Now();
+    v1::HeartbeatRequest heartbeat;
+    heartbeat.set_host(kHost);
+    heartbeat.set_incarnation(kIncarnation);
+    v1::HeartbeatResponse heartbeat_response;
+    const grpc::Status beat =
+        probe->Heartbeat(Context(absl::Seconds(4)).get(), heartbeat, &heartbeat_response);
+    EXPECT_TRUE(beat.ok()) << beat.error_message();
+    v1::GetJobRequest get;
+    get.set_job_id("job-404");
+    v1::JobManifest job;
+    EXPECT_EQ(probe->GetJob(Context(absl::Seconds(4)).get(), get, &job).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    v1::ListWorkersResponse workers;
+    EXPECT_TRUE(probe->ListWorkers(Context(absl::Seconds(4)).get(), v1::ListWorkersRequest(),
+                                   &workers).ok());
+    slowest = std::max(slowest, absl::Now() - start);
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_LT(slowest, kPrompt) << "a heartbeat and two cheap calls waited behind the slow calls";
+  EXPECT_LT(ended.load(), 3 * kSlowCalls) << "the slow calls ended before the probes did";
+
+  for (std::thread& caller : callers) caller.join();
+  // The slow calls end as they did on the server thread: the worker's deadline, relayed.
+  for (int i = 0; i < kSlowCalls; ++i) {
+    EXPECT_EQ(device_memory[i].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << device_memory[i].error_message();
+    EXPECT_EQ(drains[i].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << drains[i].error_message();
+    EXPECT_TRUE(metrics[i].ok()) << metrics[i].error_message();  // a cluster view skips it
+  }
+}
+
+}  // namespace
+}  // namespace meshrun::services
