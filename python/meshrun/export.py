@@ -139,8 +139,8 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     accumulators between grad and apply (docs/multihost_cpu.md); example_batch and batches are
     global.
     reference_steps > 0 also runs JAX itself on the batches (as the hosts would) and writes
-    reference.json: backend, seed, steps, then each scalar metric of `reference_series` per step
-    (test data; meshrun does not need it). compile_options_jax: a path recorded in job.json for
+    reference.json: backend, seed, steps, then the loss and each other scalar metric named in
+    `reference_series`, per step (test data; meshrun does not need it). compile_options_jax: a path recorded in job.json for
     tests (JAX's own serialized CompileOptions); meshrun does not read it either.
     keep_unused (mode A): the step keeps inputs it does not read (e.g. a batch array it reads
     only through extra_inputs); off by default, as it also keeps dead code in the program. The
@@ -196,6 +196,11 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
         raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
                          "\"loss\"")
+    reference_series = ("loss",) + tuple(n for n in reference_series if n != "loss")
+    for series in reference_series:
+        if getattr(metric_shapes.get(series), "shape", None) != ():
+            raise ValueError(f"reference_series names \"{series}\", which is not a scalar of "
+                             f"the metrics {sorted(metric_shapes)}")
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
     init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings)
 
@@ -297,7 +302,7 @@ def _write_json(path, value):
 
 def _record(values, metrics, series):
     for name in series:
-        values.setdefault(name, []).append(float(np.float32(metrics[name])))
+        values[name].append(float(np.float32(metrics[name])))
 
 
 def _reference_a(step_jit, make_extras, extra_shardings, *, init, seed, batches, host_batch,
