@@ -3,7 +3,7 @@
 
 For two models, (a) an MLP classifier and (b) a small byte-level decoder-only transformer LM,
 and three meshes, dp1 (1 device), dp8 (8-way data parallel) and dp4_tp2 (4 x 2, Megatron-style
-tensor parallel over "model"), it writes:
+tensor parallel over "model"), it writes through meshrun.export (python/meshrun/export.py):
 
   <model>/<mesh>/init.mlirbc     init(seed: u32[]) -> state          (StableHLO portable artifact)
   <model>/<mesh>/step.mlirbc     step(state, batch) -> (state, metrics); state donated
@@ -25,19 +25,21 @@ tensor parallel over "model"), it writes:
                                  JAX's own serialized CompileOptions for 1, 4 and 8 partitions,
                                  the reference for worker/runtime/compile_options_test.cc
 
+This file holds the models, their data and the examples' own test data (reference extras of
+the sparse LM, JAX's compile options); meshrun.export lowers, declares and writes the rest.
 Programs carry no source locations, and XLA_FLAGS is fixed here, so the output depends only on
-this file and the pinned JAX (scripts/fetch_pjrt.sh): a rerun gives the same bytes. The one
-exception is the numbers in reference.json: XLA's CPU code follows the host's vector units, so
-JAX's own losses move in the last bits between machines (1.5e-6 relative seen); --check
-compares those within REFERENCE_RTOL.
+this file, python/meshrun and the pinned JAX (scripts/fetch_pjrt.sh): a rerun gives the same
+bytes from any checkout. The one exception is the numbers in reference.json: XLA's CPU code
+follows the host's vector units, so JAX's own losses move in the last bits between machines
+(1.5e-6 relative seen); --check compares those within REFERENCE_RTOL.
 
+  scripts/install_sdk.sh                                 # after editing python/meshrun
   .venv/bin/python examples/export_examples.py           # rewrite examples/
   .venv/bin/python examples/export_examples.py --check   # regenerate into a temp dir, compare
 Exit code 77 (with a message) when JAX is not installed.
 """
 import argparse
 import filecmp
-import functools
 import json
 import os
 import sys
@@ -51,22 +53,17 @@ try:
     import numpy as np
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jax._src import compiler  # private: JAX's compile options (hence the exact JAX pin)
-    from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib import xla_client
-    from jax._src.lib.mlir.dialects import hlo
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax._src import compiler  # private: JAX's compile options (test data only)
 except ImportError as e:  # pragma: no cover
     print(f"skipped: JAX is not installed ({e}); run scripts/fetch_pjrt.sh")
     sys.exit(77)
+import meshrun.export  # the SDK (python/), installed into .venv by scripts/install_sdk.sh
 
 STEPS = 20
 SEED = 0
 MESHES = {"dp1": (1, 1), "dp8": (8, 1), "dp4_tp2": (4, 2)}
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DTYPE_NAMES = {"float32": "f32", "int32": "s32", "uint32": "u32",  # meshrun's dtype names
-               "uint8": "u8", "uint16": "u16"}
-
 
 # ---------------------------------------------------------------- sharding helpers
 
@@ -80,15 +77,6 @@ def make_mesh(dp, tp):
 def spec(mesh, *axes):
     """A PartitionSpec that drops axes the mesh does not have (no "model" axis when tp=1)."""
     return P(*[a if a in mesh.axis_names else None for a in axes])
-
-
-def shard_shape(shape, pspec, mesh):
-    out = list(shape)
-    for i, axis in enumerate(tuple(pspec) + (None,) * (len(shape) - len(pspec))):
-        if axis is not None:
-            assert out[i] % mesh.shape[axis] == 0, (shape, pspec)
-            out[i] //= mesh.shape[axis]
-    return out
 
 
 # ---------------------------------------------------------------- optimizer
@@ -153,8 +141,8 @@ class Mlp:
         accuracy = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
         return jnp.mean(nll), {"accuracy": accuracy}
 
-    def telemetry(self):
-        return [("loss", [], "mean"), ("grad_norm", [], "mean"), ("accuracy", [], "mean")]
+    series = ("loss", "grad_norm", "accuracy")  # the step's metrics, in telemetry order
+    reference_series = ("loss", "grad_norm")      # what reference.json records per step
 
     def data(self, steps):
         """Gaussian inputs labelled by a fixed random linear teacher."""
@@ -247,9 +235,8 @@ class TransformerLm:
         nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         return jnp.mean(nll), {"sink_mass": sink}
 
-    def telemetry(self):
-        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
-                ("sink_mass", [self.layers, self.heads], "mean")]
+    series = ("loss", "grad_norm", "sink_mass")
+    reference_series = ("loss", "grad_norm")
 
     def data(self, steps):
         """Windows of a text made from a small grammar, as bytes (a byte-level LM)."""
@@ -408,9 +395,8 @@ class SparseTransformerLm(TransformerLm):
         active = jnp.mean((plan["block_mask"] > 0).astype(jnp.float32))
         return jnp.mean(nll), {"active_tile_fraction": active}
 
-    def telemetry(self):
-        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
-                ("active_tile_fraction", [], "mean")]
+    series = ("loss", "grad_norm", "active_tile_fraction")
+    reference_series = series
 
     def data(self, steps):
         """Rows packed from whole documents of 1-4 generated sentences, cut at seq+1 tokens;
@@ -535,25 +521,12 @@ class TransformerMoe(TransformerLm):
         loss = jnp.mean(nll)
         return loss + self.aux_weight * jnp.mean(aux), {"loss": loss, "expert_load": load}
 
-    def telemetry(self):
-        return [("loss", [], "mean"), ("grad_norm", [], "mean"),
-                ("expert_load", [self.layers, self.experts], "mean")]
-
+    series = ("loss", "grad_norm", "expert_load")
 
 # ---------------------------------------------------------------- programs
 
 # What the rows and columns of the 2-D series are: the dashboard heatmap's caption.
 CAPTIONS = {"sink_mass": "layer \u00d7 head", "expert_load": "layer \u00d7 expert"}
-
-
-def telemetry_entries(model):
-    entries = []
-    for n, s, c in model.telemetry():
-        entry = {"name": n, "output": f"metrics.{n}", "shape": s, "combine": c}
-        if n in CAPTIONS:
-            entry["caption"] = CAPTIONS[n]
-        entries.append(entry)
-    return entries
 
 
 def make_step(model):
@@ -572,142 +545,53 @@ def make_step(model):
     return sparse_step if hasattr(model, "contract") else step
 
 
-def portable_artifact(lowered):
-    """The lowered module without source locations, as a versioned StableHLO artifact."""
-    text = lowered.as_text(debug_info=False)
-    target = hlo.get_version_from_compatibility_requirement(
-        hlo.StablehloCompatibilityRequirement.WEEK_12)
-    # As jax.export serializes (with Shardy shardings kept), minus the locations.
-    artifact = xla_client._xla.mlir.serialize_portable_artifact(text, target, True)
-    return artifact, text
-
-
-def array_entries(tree, specs, mesh, prefix):
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
-    assert len(flat) == len(flat_specs)
-    out = []
-    for (path, leaf), pspec in zip(flat, flat_specs):
-        name = prefix + "".join(
-            f".{k.key}" if hasattr(k, "key") else f".{k.idx}" for k in path)
-        shape = list(leaf.shape)
-        out.append({
-            "name": name,
-            "dtype": DTYPE_NAMES[jnp.dtype(leaf.dtype).name],
-            "shape": shape,
-            "sharding": [a for a in tuple(pspec)] + [None] * (len(shape) - len(pspec)),
-            "shard_shape": shard_shape(shape, pspec, mesh),
-        })
-    return out
+def common(model, mesh, mesh_name, batches, data_file, dp):
+    """meshrun.export's arguments every example shares."""
+    state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
+    return dict(
+        init=model.init, mesh=mesh, state_shardings=state_specs,
+        batch_shardings=model.batch_specs(mesh), example_batch=batches[0], batches=batches,
+        data_file=data_file, seed=SEED, name=f"{model.name}/{mesh_name}",
+        model_family=model.family, series_order=model.series,
+        captions={k: v for k, v in CAPTIONS.items() if k in model.series},
+        reference_series=model.reference_series,
+        compile_options_jax=f"../../jax_compile_options/partitions_{dp}.pb")
 
 
 def export_variant(model, mesh_name, out_dir, batches, data_file):
+    """A compile mode A example: init and step."""
     dp, tp = MESHES[mesh_name]
     mesh = make_mesh(dp, tp)
-    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                                       is_leaf=lambda x: isinstance(x, P))
-    state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
-    state_shardings = named(state_specs)
-    batch_shardings = named(model.batch_specs(mesh))
-    replicated = NamedSharding(mesh, P())
-
-    init = jax.jit(model.init, in_shardings=replicated, out_shardings=state_shardings)
-    seed = jnp.asarray(SEED, jnp.uint32)
-    state_shapes = jax.eval_shape(model.init, seed)
-    step_fn = make_step(model)
-    batch0 = jax.tree.map(jnp.asarray, batches[0])
-    # A sparse model's step also takes the plan tables (built per batch by the worker).
-    sparse = hasattr(model, "contract")
-    plans = [model.contract.plans(b["doc_ids"]) if sparse else None for b in batches]
-    extra = (jax.tree.map(jnp.asarray, plans[0]),) if sparse else ()
-    extra_shardings = (named(model.plan_specs(mesh)),) if sparse else ()
-    _, metric_shapes = jax.eval_shape(step_fn, state_shapes, batch0, *extra)
-    metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
-    # keep_unused: the sparse step reads the documents only through the tables, but the job
-    # declares batch.doc_ids as an input, so the program must keep it.
-    step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings) + extra_shardings,
-                   out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,),
-                   keep_unused=sparse)
-
-    os.makedirs(out_dir, exist_ok=True)
-    init_bc, _ = portable_artifact(init.lower(seed))
-    step_bc, step_text = portable_artifact(step.lower(state_shapes, batch0, *extra))
-    assert "tf.aliasing_output" in step_text, "state donation did not reach the program"
-    main = next(line for line in step_text.splitlines() if "func.func public @main" in line)
-    n_args = len(jax.tree.leaves((state_shapes, batch0) + extra))
-    assert main.count("%arg") == n_args, "the step program dropped an input"
-    with open(os.path.join(out_dir, "init.mlirbc"), "wb") as f:
-        f.write(init_bc)
-    with open(os.path.join(out_dir, "step.mlirbc"), "wb") as f:
-        f.write(step_bc)
-
-    state_entries = array_entries(state_shapes, state_specs, mesh, "state")
-    batch_entries = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
-    plan_entries = array_entries(extra[0], model.plan_specs(mesh), mesh, "plan") if sparse else []
-    metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
-    metric_entries = array_entries(metric_shapes, metric_specs, mesh, "metrics")
-    seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
-                  "shard_shape": []}
-    n_state = len(state_entries)
-    job = {
-        "name": f"{model.name}/{getattr(model, 'variant_prefix', '')}{mesh_name}",
-        "model_family": model.family,
-        "mesh": {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
-                 "device_ids": list(range(dp * tp))},
-        "programs": {
-            "init": {"file": "init.mlirbc", "format": "mlir",
-                     "inputs": [seed_entry], "outputs": state_entries},
-            "step": {"file": "step.mlirbc", "format": "mlir",
-                     "inputs": state_entries + batch_entries + plan_entries,
-                     "outputs": state_entries + metric_entries,
-                     # state in, state out: inputs [0, n) alias outputs [0, n)
-                     "donated_inputs": list(range(n_state))},
-        },
-        "seed": SEED,
-        "data": {"file": data_file, "steps": len(batches), "arrays": batch_entries},
-        "telemetry": telemetry_entries(model),
-        "reference": "reference.json",
-        "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
-    }
-    if sparse:
+    name = getattr(model, "variant_prefix", "") + mesh_name
+    args = common(model, mesh, name, batches, data_file, dp * tp)
+    sparse = {}
+    if hasattr(model, "contract"):
         c = model.contract
-        # The static contract the step was compiled for (worker/sparse/mask_contract.h) and
-        # the step inputs the worker fills with each batch's tables (JobSpec.sparse_attention).
-        job["sparse_attention"] = {
-            "seq_len": c.seq_len, "causal": True, "window_left": c.window_left,
-            "window_right": 0, "block_q": c.block_q, "block_kv": c.block_kv,
-            "max_grid_width": c.width, "heads_per_plan": c.heads_per_plan,
-            "doc_ids_input": "batch.doc_ids",
-            "table_inputs": {name: f"plan.{name}" for name in c.table_types()},
-        }
-    with open(os.path.join(out_dir, "job.json"), "w") as f:
-        json.dump(job, f, indent=1)
-        f.write("\n")
-
-    # The reference: JAX runs the same jitted functions on its own CPU backend.
-    state = init(seed)
-    losses, norms, active = [], [], []
-    for batch, plan in zip(batches, plans):
-        batch = jax.device_put(batch, batch_shardings)
-        tables = (jax.device_put(plan, extra_shardings[0]),) if sparse else ()
-        state, metrics = step(state, batch, *tables)
-        losses.append(float(np.float32(metrics["loss"])))
-        norms.append(float(np.float32(metrics["grad_norm"])))
-        if sparse:
-            active.append(float(np.float32(metrics["active_tile_fraction"])))
-    reference = {"backend": f"jax {jax.__version__} cpu", "seed": SEED, "steps": len(batches),
-                 "loss": losses, "grad_norm": norms}
+        # The plan tables are step inputs the worker builds from each batch's doc_ids, for the
+        # static contract the step was compiled for (worker/sparse/mask_contract.h).
+        sparse = dict(
+            # The step reads the documents only through the tables; it still takes doc_ids.
+            keep_unused=True,
+            extra_inputs={"plan": (model.plan_specs(mesh), lambda b: c.plans(b["doc_ids"]))},
+            sparse_attention={
+                "seq_len": c.seq_len, "causal": True, "window_left": c.window_left,
+                "window_right": 0, "block_q": c.block_q, "block_kv": c.block_kv,
+                "max_grid_width": c.width, "heads_per_plan": c.heads_per_plan,
+                "doc_ids_input": "batch.doc_ids",
+                "table_inputs": {t: f"plan.{t}" for t in c.table_types()}})
+    out = meshrun.export.export(out_dir, step=make_step(model), reference_steps=len(batches),
+                                **args, **sparse)
     if sparse:
-        reference["active_tile_fraction"] = active
+        reference = out["reference"]
         reference["sparse_vs_dense_attention_max_abs_diff"] = model.check_attention(batches)
         # Batch 0's tables (all but the partial masks' bytes), for the C++ planner's test.
+        plan0 = model.contract.plans(batches[0]["doc_ids"])
         reference["plan_batch0"] = {
-            name: plans[0][name].tolist() for name in ("block_mask", "data_next", "mask_next",
-                                                       "grid_width")}
-    with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(reference, f, indent=1)
-        f.write("\n")
-    return losses
+            t: plan0[t].tolist() for t in ("block_mask", "data_next", "mask_next", "grid_width")}
+        with open(os.path.join(out_dir, "reference.json"), "w") as f:
+            json.dump(reference, f, indent=1)
+            f.write("\n")
+    return out["reference_loss"]
 
 
 # ---------------------------------------------------------------- compile mode B programs
@@ -748,10 +632,10 @@ def grad_accumulation(model):
     return getattr(model, "grad_accumulation", 1)
 
 
-def zero_accumulator(model, state_shapes, batch):
-    total, aux = jax.eval_shape(model.loss, state_shapes["params"], batch)
+def zero_accumulator(model, state, batch):
+    total, aux = jax.eval_shape(model.loss, state["params"], batch)
     zeros = lambda x: jnp.zeros(x.shape, x.dtype)
-    return {"grads": jax.tree.map(zeros, state_shapes["params"]),
+    return {"grads": jax.tree.map(zeros, state["params"]),
             **jax.tree.map(zeros, micro_metrics(total, aux))}
 
 
@@ -759,129 +643,29 @@ def zero_accumulator(model, state_shapes, batch):
 MODE_B_MESHES = {"dp1": (1, 1, 1), "dp8": (8, 1, 1), "dp4x2": (4, 1, 2)}
 
 
-
 def export_mode_b_variant(model, mesh_name, out_dir, micro_batches, data_file):
     """init, grad and apply programs of a compile mode B job (see make_grad / make_apply).
 
     With more than one host ("host_replicas", e.g. dp4x2) the programs are one host's: every
-    host runs them over its own devices on its rows of each global micro-batch (host h takes
-    rows [h*b, (h+1)*b)), and the hosts average their accumulators between grad and apply
-    (docs/multihost_cpu.md). The reference simulates exactly that."""
+    host runs them over its own devices on its rows of each global micro-batch, and the hosts
+    average their accumulators between grad and apply (docs/multihost_cpu.md); meshrun.export's
+    reference simulates exactly that."""
     dp, tp, hosts = MODE_B_MESHES[mesh_name]
     mesh = make_mesh(dp, tp)
-    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                                       is_leaf=lambda x: isinstance(x, P))
-    state_specs = {"params": model.param_specs(mesh), "opt": opt_specs(model.param_specs(mesh))}
-    replicated = NamedSharding(mesh, P())
-    batch_shardings = named(model.batch_specs(mesh))
-
-    init = jax.jit(model.init, in_shardings=replicated, out_shardings=named(state_specs))
-    seed = jnp.asarray(SEED, jnp.uint32)
-    state_shapes = jax.eval_shape(model.init, seed)
+    args = common(model, mesh, mesh_name, micro_batches, data_file, dp * tp)
     host_rows = len(jax.tree.leaves(micro_batches[0])[0]) // hosts
-    host_slice = lambda batch, h: jax.tree.map(
-        lambda x: jnp.asarray(x[h * host_rows:(h + 1) * host_rows]), batch)
-    batch0 = host_slice(micro_batches[0], 0)
-    acc_shapes = jax.eval_shape(lambda: zero_accumulator(model, state_shapes, batch0))
+    host_batch0 = jax.tree.map(lambda x: jnp.asarray(x[:host_rows]), micro_batches[0])
+    state_shapes = jax.eval_shape(model.init, jnp.uint32(SEED))
+    acc_shapes = jax.eval_shape(lambda: zero_accumulator(model, state_shapes, host_batch0))
     acc_specs = {"grads": model.param_specs(mesh),  # the metrics' sums are replicated
                  **{k: P() for k in acc_shapes if k != "grads"}}
-    apply_fn = make_apply(model)
-    _, _, metric_shapes = jax.eval_shape(apply_fn, state_shapes, acc_shapes)
-    metric_specs = jax.tree.map(lambda _: P(), metric_shapes)
-    grad = jax.jit(make_grad(model),
-                   in_shardings=(named(state_specs), named(acc_specs), batch_shardings),
-                   out_shardings=named(acc_specs), donate_argnums=(1,),
-                   keep_unused=True)  # grad reads only the params; it still takes the state
-    apply = jax.jit(apply_fn, in_shardings=(named(state_specs), named(acc_specs)),
-                    out_shardings=(named(state_specs), named(acc_specs), named(metric_specs)),
-                    donate_argnums=(0, 1))
-
-    os.makedirs(out_dir, exist_ok=True)
-    init_bc, _ = portable_artifact(init.lower(seed))
-    grad_bc, grad_text = portable_artifact(grad.lower(state_shapes, acc_shapes, batch0))
-    apply_bc, apply_text = portable_artifact(apply.lower(state_shapes, acc_shapes))
-    assert "tf.aliasing_output" in grad_text and "tf.aliasing_output" in apply_text
-    for file, code in (("init.mlirbc", init_bc), ("grad.mlirbc", grad_bc),
-                       ("apply.mlirbc", apply_bc)):
-        with open(os.path.join(out_dir, file), "wb") as f:
-            f.write(code)
-
-    state = array_entries(state_shapes, state_specs, mesh, "state")
-    acc = array_entries(acc_shapes, acc_specs, mesh, "grad_acc")
-    batch = array_entries(batch0, model.batch_specs(mesh), mesh, "batch")
-    # The data file holds global micro-batches; over several hosts the data axis spans them all.
-    data_arrays = array_entries(jax.tree.map(jnp.asarray, micro_batches[0]),
-                                model.batch_specs(mesh), mesh, "batch")
-    for entry, per_host in zip(data_arrays, batch):
-        entry["shard_shape"] = per_host["shard_shape"]
-    metrics = array_entries(metric_shapes, metric_specs, mesh, "metrics")
-    seed_entry = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [], "shard_shape": []}
-    n_state, n_acc = len(state), len(acc)
-    job_mesh = {"axes": list(mesh.axis_names), "shape": [mesh.shape[a] for a in mesh.axis_names],
-                "device_ids": list(range(dp * tp))}
-    if hosts > 1:
-        job_mesh["host_replicas"] = hosts
-    job = {
-        "name": f"{model.name}/{mesh_name}",
-        "model_family": model.family,
-        "mesh": job_mesh,
-        "programs": {
-            "init": {"file": "init.mlirbc", "format": "mlir",
-                     "inputs": [seed_entry], "outputs": state},
-            # grad(state, grad_acc, micro-batch) -> grad_acc; the accumulator is donated
-            "grad": {"file": "grad.mlirbc", "format": "mlir",
-                     "inputs": state + acc + batch, "outputs": acc,
-                     "donated_inputs": list(range(n_state, n_state + n_acc))},
-            # apply(state, grad_acc) -> (state, grad_acc zeroed, metrics); both donated
-            "apply": {"file": "apply.mlirbc", "format": "mlir",
-                      "inputs": state + acc, "outputs": state + acc + metrics,
-                      "donated_inputs": list(range(n_state + n_acc))},
-        },
-        "grad_accumulation": grad_accumulation(model),
-        "seed": SEED,
-        # steps x grad_accumulation micro-batches, each one grad call's batch inputs
-        "data": {"file": data_file, "steps": len(micro_batches) // grad_accumulation(model),
-                 "arrays": data_arrays},
-        "telemetry": telemetry_entries(model),
-        "reference": "reference.json",
-        "compile_options_jax": f"../../jax_compile_options/partitions_{dp * tp}.pb",
-    }
-    with open(os.path.join(out_dir, "job.json"), "w") as f:
-        json.dump(job, f, indent=1)
-        f.write("\n")
-
-    # The reference: JAX runs the same jitted programs, a step at a time; several hosts each
-    # accumulate their rows, then take the mean of the hosts' accumulators (in host order).
-    state = init(seed)
-    zeros = lambda: jax.device_put(zero_accumulator(model, state_shapes, batch0), named(acc_specs))
-    losses, norms = [], []
     n = grad_accumulation(model)
-    for s in range(len(micro_batches) // n):
-        accs = [zeros() for _ in range(hosts)]
-        for m in range(n):
-            for h in range(hosts):
-                accs[h] = grad(state, accs[h], jax.device_put(
-                    host_slice(micro_batches[s * n + m], h), batch_shardings))
-        acc = accs[0] if hosts == 1 else jax.tree.map(
-            lambda *a: functools.reduce(jnp.add, a) / hosts, *accs)
-        state, acc, metrics = apply(state, acc)
-        losses.append(float(np.float32(metrics["loss"])))
-        norms.append(float(np.float32(metrics["grad_norm"])))
-    reference = {"backend": f"jax {jax.__version__} cpu", "seed": SEED,
-                 "steps": len(micro_batches) // n, "grad_accumulation": n,
-                 "loss": losses, "grad_norm": norms}
-    with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(reference, f, indent=1)
-        f.write("\n")
-    return losses
-
-
-def write_data(batches, path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        for batch in batches:
-            for leaf in jax.tree.leaves(batch):  # same order as the job's data arrays
-                f.write(np.ascontiguousarray(leaf).astype(leaf.dtype.newbyteorder("<")).tobytes())
+    out = meshrun.export.export(
+        out_dir, grad=make_grad(model), apply=make_apply(model),
+        init_accumulator=lambda state: zero_accumulator(model, state, host_batch0),
+        accumulator_shardings=acc_specs, grad_accumulation=n, host_replicas=hosts,
+        reference_steps=len(micro_batches) // n, **args)
+    return out["reference_loss"]
 
 
 def write_compile_options(out_dir):
@@ -901,7 +685,6 @@ def export_all(out_root, quiet=False):
     for model in (Mlp(), TransformerLm(), SparseTransformerLm()):
         batches = model.data(STEPS)
         data_file = getattr(model, "data_file", "data.bin")
-        write_data(batches, os.path.join(out_root, model.name, data_file))
         for mesh_name in getattr(model, "meshes", MESHES):
             variant = getattr(model, "variant_prefix", "") + mesh_name
             report(f"{model.name}/{variant}", export_variant(
@@ -914,7 +697,6 @@ def export_all(out_root, quiet=False):
     report(f"{model.name}/dp4x2", lm_dp4x2)
     model = TransformerMoe()
     micro_batches = model.data(STEPS * model.grad_accumulation)
-    write_data(micro_batches, os.path.join(out_root, model.name, "data.bin"))
     moe = {}
     for mesh_name in MODE_B_MESHES:
         moe[mesh_name] = export_mode_b_variant(

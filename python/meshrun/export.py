@@ -6,23 +6,27 @@ bundle directory.
                           batches=[...], axis_roles={"rows": "data", "cols": "model"})
 
 writes out_dir/{job.json, init.mlirbc, step.mlirbc, data.bin}: init(seed: u32[]) -> state and
-step(state, batch) -> (state, metrics) as StableHLO (state donated), the job file with each
-array's name, dtype, global shape and sharding, one telemetry series per metrics leaf, and the
-batches (meshrun.data.write_arrays format). `metrics` must hold a scalar "loss".
+step(state, batch) -> (state, metrics) as StableHLO (state donated, no source locations: the
+same model exports the same bytes from any directory), the job file with each array's name,
+dtype, global shape and sharding, one telemetry series per metrics leaf, and the batches
+(meshrun.data.write_arrays format). `metrics` must hold a scalar "loss".
 
 Mesh axes and roles: meshrun runs a mesh of (data, expert, model). An axis named data, model
 or expert takes that role (the convention); any other name must be mapped by `axis_roles`, and
 an unmapped name raises ValueError naming it. The mesh's axes must be in the order
 data, expert, model and its devices in id order (jax.make_mesh's default)."""
+import functools
 import json
 import os
 
 import numpy as np
 
-from meshrun.data import DTYPE_NAMES, write_arrays
+from meshrun._lowering import check_program, entries, portable_artifact
+from meshrun.data import write_arrays
 
 ROLES = ("data", "expert", "model")  # meshrun's mesh order (coordinator/mesh_planner.cc)
 COMBINES = ("mean", "max", "min", "sum", "last")
+_SEED_ENTRY = {"name": "seed", "dtype": "u32", "shape": [], "sharding": [], "shard_shape": []}
 
 
 def resolve_axis_roles(axis_names, axis_roles=None):
@@ -49,54 +53,9 @@ def resolve_axis_roles(axis_names, axis_roles=None):
     return out
 
 
-def _portable_artifact(jitted, args, platforms):
-    """The jitted function lowered for `args` as a serialized StableHLO portable artifact
-    (jax.export's public API: versioned, with its shardings and donated inputs)."""
-    import jax
-    exported = jax.export.export(jitted, platforms=platforms)(*args)
-    return exported.mlir_module_serialized, exported.mlir_module()
-
-
-def _leaf_name(path):
-    return "".join(f".{k.key}" if hasattr(k, "key") else
-                   f".{k.name}" if hasattr(k, "name") else f".{k.idx}" for k in path)
-
-
-def _entries(tree, shardings, mesh, roles, prefix):
-    import jax
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    flat_shardings = jax.tree.leaves(shardings)
-    if len(flat) != len(flat_shardings):
-        raise ValueError(f"{prefix}: {len(flat)} arrays but {len(flat_shardings)} shardings")
-    out = []
-    for (path, leaf), sharding in zip(flat, flat_shardings):
-        name = prefix + _leaf_name(path)
-        shape = [int(d) for d in leaf.shape]
-        spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-        axes, shard_shape = [], list(shape)
-        for i, axis in enumerate(spec):
-            if isinstance(axis, tuple):
-                if len(axis) > 1:
-                    raise ValueError(f"{name}: dimension {i} splits over several axes {axis}; "
-                                     "meshrun splits a dimension over one axis")
-                axis = axis[0] if axis else None
-            size = mesh.shape[axis] if axis is not None else 1
-            if shape[i] % size:
-                raise ValueError(f"{name}: dimension {i} ({shape[i]}) does not split {size} ways")
-            shard_shape[i] //= size
-            # A size-1 axis other than data is not in meshrun's mesh: not split.
-            role = roles[axis] if axis is not None else None
-            axes.append(role if role and (size > 1 or role == "data") else None)
-        dtype = np.dtype(leaf.dtype).name
-        if dtype not in DTYPE_NAMES:
-            raise ValueError(f"{name}: dtype {dtype} is not supported")
-        out.append({"name": name, "dtype": DTYPE_NAMES[dtype], "shape": shape,
-                    "sharding": axes, "shard_shape": shard_shape})
-    return out
-
-
-def _write_program(out_dir, file, jitted, args, platforms):
-    code, _ = _portable_artifact(jitted, args, platforms)
+def _write_program(out_dir, file, jitted, args, platforms, n_inputs, donated):
+    code, text = portable_artifact(jitted, args, platforms)
+    check_program(file, text, n_inputs, donated)
     with open(os.path.join(out_dir, file), "wb") as f:
         f.write(code)
 
@@ -106,12 +65,54 @@ def _program(file, inputs, outputs, donated):
             "donated_inputs": list(donated)}
 
 
+def _telemetry(metric_entries, combine, default_combine, captions, series_order):
+    """One declaration per metrics leaf, in `series_order` (default: the pytree's order)."""
+    combine, captions = dict(combine or {}), dict(captions or {})
+    by_series = {e["name"][len("metrics."):]: e for e in metric_entries}
+    order = list(by_series) if series_order is None else list(series_order)
+    if sorted(order) != sorted(by_series):
+        raise ValueError(f"series_order {order} must name each metric once: "
+                         f"{sorted(by_series)}")
+    telemetry = []
+    for series in order:
+        entry = by_series[series]
+        how = combine.pop(series, default_combine)
+        if how not in COMBINES:
+            raise ValueError(f"combine[\"{series}\"] = \"{how}\" is not one of {COMBINES}")
+        declared = {"name": series, "output": entry["name"], "shape": entry["shape"],
+                    "combine": how}
+        if series in captions:
+            declared["caption"] = captions.pop(series)
+        telemetry.append(declared)
+    for what, left in (("combine", combine), ("captions", captions)):
+        if left:
+            raise ValueError(f"{what} names {sorted(left)}, which the metrics do not have")
+    return telemetry
+
+
+def _host_rows(batch, host, hosts):
+    """Host `host`'s rows of a global batch: [host*b, (host+1)*b) of each array's first dim."""
+    import jax
+    import jax.numpy as jnp
+
+    def rows(x):
+        if x.shape[0] % hosts:
+            raise ValueError(f"a batch array's first dimension ({x.shape[0]}) does not split "
+                             f"over host_replicas={hosts}")
+        b = x.shape[0] // hosts
+        return jnp.asarray(x[host * b:(host + 1) * b])
+    return jax.tree.map(rows, batch)
+
+
 def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, example_batch,
            batches=None, data_file="data.bin", seed=0, axis_roles=None, combine=None,
            default_combine="mean", name="model", model_family="dense", platforms=None,
            reference_steps=0, grad=None, apply=None, init_accumulator=None,
-           accumulator_shardings=None, grad_accumulation=1, captions=None):
-    """Writes the bundle; returns {"job": path to job.json, "reference_loss": [...]}.
+           accumulator_shardings=None, grad_accumulation=1, captions=None, series_order=None,
+           extra_inputs=None, host_replicas=1, sparse_attention=None,
+           reference_series=("loss",), compile_options_jax=None, keep_unused=False):
+    """Writes the bundle; returns {"job": path to job.json, "reference_loss": [...],
+    "reference": the reference.json contents or None}.
 
     Compile mode A: `step(state, batch) -> (state, metrics)`.
     Compile mode B (instead of `step`): `grad(state, acc, batch) -> acc` runs on each of
@@ -122,11 +123,29 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
 
     state_shardings / batch_shardings: pytrees (matching the state and the batch) of
     PartitionSpec or NamedSharding on `mesh`. batches: the batches written to data.bin (default
-    [example_batch]); data_file=None writes none (the job then trains on --data).
+    [example_batch]); data_file=None writes none (the job then trains on --data); a relative
+    path such as "../data.bin" lets bundles share one file.
     combine: {metric leaf name: "mean"|"max"|"min"|"sum"|"last"} over hosts, others
     `default_combine`. captions: {metric leaf name: "rows × columns" caption} for 2-D series
-    (the dashboard's heatmap). reference_steps > 0 also runs JAX itself on the batches and
-    writes reference.json {"loss": [...]} (test data; meshrun does not need it)."""
+    (the dashboard's heatmap). series_order: the metric leaf names in the order to declare them
+    (default: the metrics pytree's order).
+    extra_inputs (mode A): {name: (shardings, make)}: step inputs after the batch that the
+    worker builds from each batch itself, e.g. block-sparse attention's plan tables (then also
+    pass sparse_attention=, the JobBundle's contract, which names them "<name>.<leaf>"); the
+    step is step(state, batch, *extras) and make(batch) gives an extra's arrays for the
+    reference run.
+    host_replicas (mode B): the mesh is one host's, and `host_replicas` hosts each run the
+    programs on their rows of every global batch (host h takes rows [h*b, (h+1)*b)), averaging
+    accumulators between grad and apply (docs/multihost_cpu.md); example_batch and batches are
+    global.
+    reference_steps > 0 also runs JAX itself on the batches (as the hosts would) and writes
+    reference.json: backend, seed, steps, then the loss and each other scalar metric named in
+    `reference_series`, per step (test data; meshrun does not need it). compile_options_jax: a path recorded in job.json for
+    tests (JAX's own serialized CompileOptions); meshrun does not read it either.
+    keep_unused (mode A): the step keeps inputs it does not read (e.g. a batch array it reads
+    only through extra_inputs); off by default, as it also keeps dead code in the program. The
+    worker feeds every input the job declares, so a program that dropped one is refused, named.
+    Mode B's grad always keeps its inputs (it may read only part of the state)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -140,6 +159,11 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
                          "accumulator_shardings=")
     if grad_accumulation < 1:
         raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
+    if extra_inputs and mode_b:
+        raise ValueError("extra_inputs= is for compile mode A (step=)")
+    if host_replicas < 1 or (host_replicas > 1 and not mode_b):
+        raise ValueError(f"host_replicas={host_replicas}: more than one host needs compile mode "
+                         "B (grad= and apply=), which averages gradients between hosts")
     roles = resolve_axis_roles(mesh.axis_names, axis_roles)
     ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
     if ids != list(range(len(ids))):
@@ -150,31 +174,45 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     state_shardings = to_named(state_shardings)
     batch_shardings = to_named(batch_shardings)
     replicated = NamedSharding(mesh, PartitionSpec())
+    extras = {k: (to_named(s), make) for k, (s, make) in (extra_inputs or {}).items()}
+    extra_shardings = tuple(s for s, _ in extras.values())
+    batches = [example_batch] if batches is None else list(batches)
+    # What one host's programs see: all of it, or its rows of each global batch.
+    host_batch = (lambda b, h: _host_rows(b, h, host_replicas)) if host_replicas > 1 else (
+        lambda b, h: jax.tree.map(jnp.asarray, b))
+    make_extras = lambda batch: tuple(jax.tree.map(jnp.asarray, make(batch))
+                                      for _, make in extras.values())
 
     seed_value = jnp.asarray(seed, jnp.uint32)
     state_shapes = jax.eval_shape(init, seed_value)
-    batch0 = jax.tree.map(jnp.asarray, example_batch)
+    batch0 = host_batch(example_batch, 0)
+    extra0 = make_extras(example_batch)
     if mode_b:
         acc_shardings = to_named(accumulator_shardings)
         acc_shapes = jax.eval_shape(init_accumulator, state_shapes)
         _, _, metric_shapes = jax.eval_shape(apply, state_shapes, acc_shapes)
     else:
-        _, metric_shapes = jax.eval_shape(step, state_shapes, batch0)
+        _, metric_shapes = jax.eval_shape(step, state_shapes, batch0, *extra0)
     if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
         raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
                          "\"loss\"")
+    reference_series = ("loss",) + tuple(n for n in reference_series if n != "loss")
+    for series in reference_series:
+        if getattr(metric_shapes.get(series), "shape", None) != ():
+            raise ValueError(f"reference_series names \"{series}\", which is not a scalar of "
+                             f"the metrics {sorted(metric_shapes)}")
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
     init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings)
 
     os.makedirs(out_dir, exist_ok=True)
-    _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms)
-    state_entries = _entries(state_shapes, state_shardings, mesh, roles, "state")
-    batch_entries = _entries(batch0, batch_shardings, mesh, roles, "batch")
-    metric_entries = _entries(metric_shapes, metric_shardings, mesh, roles, "metrics")
+    _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms, 1, False)
+    state_entries = entries(state_shapes, state_shardings, mesh, roles, "state")
+    batch_entries = entries(batch0, batch_shardings, mesh, roles, "batch")
+    extra_entries = [e for (k, (shardings, _)), value in zip(extras.items(), extra0)
+                     for e in entries(value, shardings, mesh, roles, k)]
+    metric_entries = entries(metric_shapes, metric_shardings, mesh, roles, "metrics")
     n_state = len(state_entries)
-    programs = {"init": {"file": "init.mlirbc", "format": "mlir",
-                         "inputs": [{"name": "seed", "dtype": "u32", "shape": [], "sharding": [],
-                                     "shard_shape": []}],
+    programs = {"init": {"file": "init.mlirbc", "format": "mlir", "inputs": [_SEED_ENTRY],
                          "outputs": state_entries}}
     if mode_b:
         # keep_unused: grad may read only part of the state; it still takes all of it.
@@ -183,80 +221,120 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         apply_jit = jax.jit(apply, in_shardings=(state_shardings, acc_shardings),
                             out_shardings=(state_shardings, acc_shardings, metric_shardings),
                             donate_argnums=(0, 1))
-        _write_program(out_dir, "grad.mlirbc", grad_jit, (state_shapes, acc_shapes, batch0),
-                       platforms)
-        _write_program(out_dir, "apply.mlirbc", apply_jit, (state_shapes, acc_shapes), platforms)
-        acc_entries = _entries(acc_shapes, acc_shardings, mesh, roles, "grad_acc")
+        acc_entries = entries(acc_shapes, acc_shardings, mesh, roles, "grad_acc")
         n_acc = len(acc_entries)
-        programs["grad"] = _program("grad.mlirbc", state_entries + acc_entries + batch_entries,
-                                    acc_entries, range(n_state, n_state + n_acc))
+        grad_inputs = state_entries + acc_entries + batch_entries
+        _write_program(out_dir, "grad.mlirbc", grad_jit, (state_shapes, acc_shapes, batch0),
+                       platforms, len(grad_inputs), True)
+        _write_program(out_dir, "apply.mlirbc", apply_jit, (state_shapes, acc_shapes), platforms,
+                       n_state + n_acc, True)
+        programs["grad"] = _program("grad.mlirbc", grad_inputs, acc_entries,
+                                    range(n_state, n_state + n_acc))
         programs["apply"] = _program("apply.mlirbc", state_entries + acc_entries,
                                      state_entries + acc_entries + metric_entries,
                                      range(n_state + n_acc))
     else:
-        step_jit = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
-                           out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
-        _write_program(out_dir, "step.mlirbc", step_jit, (state_shapes, batch0), platforms)
-        programs["step"] = _program("step.mlirbc", state_entries + batch_entries,
-                                    state_entries + metric_entries, range(n_state))
+        step_inputs = state_entries + batch_entries + extra_entries
+        step_jit = jax.jit(step, in_shardings=(state_shardings, batch_shardings) + extra_shardings,
+                           out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,),
+                           keep_unused=keep_unused)
+        _write_program(out_dir, "step.mlirbc", step_jit, (state_shapes, batch0) + extra0,
+                       platforms, len(step_inputs), True)
+        programs["step"] = _program("step.mlirbc", step_inputs, state_entries + metric_entries,
+                                    range(n_state))
 
-    combine = dict(combine or {})
-    captions = dict(captions or {})
-    telemetry = []
-    for entry in metric_entries:
-        series = entry["name"][len("metrics."):]
-        how = combine.pop(series, default_combine)
-        if how not in COMBINES:
-            raise ValueError(f"combine[\"{series}\"] = \"{how}\" is not one of {COMBINES}")
-        declared = {"name": series, "output": entry["name"], "shape": entry["shape"],
-                    "combine": how}
-        if series in captions:
-            declared["caption"] = captions.pop(series)
-        telemetry.append(declared)
-    for what, left in (("combine", combine), ("captions", captions)):
-        if left:
-            raise ValueError(f"{what} names {sorted(left)}, which the metrics do not have")
-    batches = [example_batch] if batches is None else list(batches)
-    job = {
-        "name": name,
-        "model_family": model_family,
-        "mesh": {"axes": [roles[a] for a in mesh.axis_names],
-                 "shape": [int(mesh.shape[a]) for a in mesh.axis_names],
-                 "device_ids": ids, "user_axes": list(mesh.axis_names)},
-        "programs": programs,
-        "seed": int(seed),
-        "telemetry": telemetry,
-    }
+    job_mesh = {"axes": [roles[a] for a in mesh.axis_names],
+                "shape": [int(mesh.shape[a]) for a in mesh.axis_names], "device_ids": ids}
+    if host_replicas > 1:
+        job_mesh["host_replicas"] = int(host_replicas)
+    if list(mesh.axis_names) != job_mesh["axes"]:
+        job_mesh["user_axes"] = list(mesh.axis_names)
+    job = {"name": name, "model_family": model_family, "mesh": job_mesh, "programs": programs}
     if mode_b:
         job["grad_accumulation"] = int(grad_accumulation)
+    job["seed"] = int(seed)
     if data_file:
         if len(batches) % grad_accumulation:
             raise ValueError(f"{len(batches)} micro-batches are not whole steps of "
                              f"grad_accumulation={grad_accumulation}")
         write_arrays(os.path.join(out_dir, data_file), batches)
+        # Global arrays; each host's devices hold the shards of its own rows.
+        arrays = entries(jax.tree.map(jnp.asarray, example_batch), batch_shardings, mesh, roles,
+                         "batch")
+        for entry, per_host in zip(arrays, batch_entries):
+            entry["shard_shape"] = per_host["shard_shape"]
         job["data"] = {"file": data_file, "steps": len(batches) // grad_accumulation,
-                       "arrays": batch_entries}
-    losses = []
+                       "arrays": arrays}
+    job["telemetry"] = _telemetry(metric_entries, combine, default_combine, captions,
+                                  series_order)
+    reference = None
     if reference_steps:
-        state = init_jit(seed_value)
-        put = lambda i: jax.device_put(jax.tree.map(jnp.asarray, batches[i % len(batches)]),
-                                       batch_shardings)
-        for i in range(reference_steps):
-            if mode_b:
-                acc = jax.device_put(init_accumulator(state), acc_shardings)
-                for m in range(grad_accumulation):
-                    acc = grad_jit(state, acc, put(i * grad_accumulation + m))
-                state, _, metrics = apply_jit(state, acc)
-            else:
-                state, metrics = step_jit(state, put(i))
-            losses.append(float(np.float32(metrics["loss"])))
+        run = dict(init=init_jit, seed=seed_value, batches=batches, host_batch=host_batch,
+                   batch_shardings=batch_shardings, series=reference_series,
+                   steps=reference_steps)
+        if mode_b:
+            values = _reference_b(grad_jit, apply_jit, init_accumulator, acc_shardings,
+                                  grad_accumulation, host_replicas, **run)
+        else:
+            values = _reference_a(step_jit, make_extras, extra_shardings, **run)
+        reference = {"backend": f"jax {jax.__version__} {jax.default_backend()}",
+                     "seed": int(seed), "steps": reference_steps}
+        if mode_b:
+            reference["grad_accumulation"] = int(grad_accumulation)
+        reference.update(values)
         job["reference"] = "reference.json"
-        with open(os.path.join(out_dir, "reference.json"), "w") as f:
-            json.dump({"backend": f"jax {jax.__version__}", "seed": int(seed),
-                       "steps": reference_steps, "loss": losses}, f, indent=1)
-            f.write("\n")
+        _write_json(os.path.join(out_dir, "reference.json"), reference)
+    if compile_options_jax:
+        job["compile_options_jax"] = compile_options_jax
+    if sparse_attention:
+        job["sparse_attention"] = dict(sparse_attention)
     path = os.path.join(out_dir, "job.json")
+    _write_json(path, job)
+    return {"job": path, "reference_loss": reference["loss"] if reference else [],
+            "reference": reference}
+
+
+def _write_json(path, value):
     with open(path, "w") as f:
-        json.dump(job, f, indent=1)
+        json.dump(value, f, indent=1)
         f.write("\n")
-    return {"job": path, "reference_loss": losses}
+
+
+def _record(values, metrics, series):
+    for name in series:
+        values[name].append(float(np.float32(metrics[name])))
+
+
+def _reference_a(step_jit, make_extras, extra_shardings, *, init, seed, batches, host_batch,
+                 batch_shardings, series, steps):
+    """JAX runs the exported step itself, batches cycled; {series: [value per step]}."""
+    import jax
+    state, values = init(seed), {name: [] for name in series}
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        extras = tuple(jax.device_put(x, s) for x, s in zip(make_extras(batch), extra_shardings))
+        state, metrics = step_jit(state, jax.device_put(host_batch(batch, 0), batch_shardings),
+                                  *extras)
+        _record(values, metrics, series)
+    return values
+
+
+def _reference_b(grad_jit, apply_jit, init_accumulator, acc_shardings, grad_accumulation,
+                 hosts, *, init, seed, batches, host_batch, batch_shardings, series, steps):
+    """Mode B as the cluster runs it: each host accumulates its rows of every micro-batch, then
+    the hosts' accumulators are averaged (in host order) before apply."""
+    import jax
+    import jax.numpy as jnp
+    state, values = init(seed), {name: [] for name in series}
+    for i in range(steps):
+        accs = [jax.device_put(init_accumulator(state), acc_shardings) for _ in range(hosts)]
+        for m in range(grad_accumulation):
+            micro = batches[(i * grad_accumulation + m) % len(batches)]
+            for h in range(hosts):
+                accs[h] = grad_jit(state, accs[h],
+                                   jax.device_put(host_batch(micro, h), batch_shardings))
+        acc = accs[0] if hosts == 1 else jax.tree.map(
+            lambda *a: functools.reduce(jnp.add, a) / hosts, *accs)
+        state, _, metrics = apply_jit(state, acc)
+        _record(values, metrics, series)
+    return values

@@ -49,6 +49,30 @@ def test_unmapped_mesh_axis_is_refused_by_name(tmp_path):
         export_convnet(str(tmp_path), axis_roles={"rows": "model", "cols": "data"})
 
 
+def test_export_keeps_every_declared_input_and_no_source_paths(tmp_path):
+    """A step that ignores a batch array would lose it from the program while the worker feeds
+    it: refused, naming keep_unused, which keeps it. The programs hold no source locations,
+    so no file path (the same bytes from any checkout)."""
+    batch = dict(convnet.batches(1)[0], unused=np.zeros((convnet.BATCH,), np.float32))
+    kwargs = dict(init=convnet.init, mesh=convnet.mesh(), state_shardings=convnet.STATE_SPECS,
+                  batch_shardings=dict(convnet.BATCH_SPECS, unused=convnet.BATCH_SPECS["labels"]),
+                  example_batch=batch, axis_roles={"rows": "data", "cols": "model"})
+    ignores = lambda state, b: convnet.step(state, {k: b[k] for k in ("images", "labels")})
+    with pytest.raises(RuntimeError, match="takes 6 inputs, the job declares 7.*keep_unused"):
+        meshrun.export.export(str(tmp_path / "a"), step=ignores, **kwargs)
+    meshrun.export.export(str(tmp_path / "b"), step=ignores, keep_unused=True, **kwargs)
+    job = json.load(open(tmp_path / "b" / "job.json"))
+    assert job["programs"]["step"]["inputs"][-1]["name"] == "batch.unused"
+    for program in ("init.mlirbc", "step.mlirbc"):
+        code = (tmp_path / "b" / program).read_bytes()
+        assert b"convnet.py" not in code and b"test_sdk.py" not in code
+    with pytest.raises(ValueError, match="host_replicas=2: more than one host needs compile"):
+        meshrun.export.export(str(tmp_path / "c"), step=convnet.step, host_replicas=2, **kwargs)
+    with pytest.raises(ValueError, match='reference_series names "nope"'):
+        meshrun.export.export(str(tmp_path / "c"), step=ignores, keep_unused=True,
+                              reference_series=["nope"], **kwargs)
+
+
 def test_hand_written_axis_is_refused_by_client_and_cli(tmp_path, cluster):
     export_convnet(str(tmp_path))
     job = json.load(open(tmp_path / "job.json"))
