@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -244,6 +245,11 @@ std::vector<std::string> JobTable::FailJobsOnWorker(const std::string& host,
     }
   }
   return failed;
+}
+
+int64_t JobTable::FinishedCount() const {
+  absl::MutexLock lock(&mu_);
+  return absl::c_count_if(jobs_, [](const auto& entry) { return IsFinal(entry.second.state()); });
 }
 
 std::vector<std::string> JobTable::PruneFinished(absl::Duration retention,

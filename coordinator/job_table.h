@@ -99,6 +99,7 @@ class JobTable {
   // newest `max_finished` (0: no cap). Returns their ids; the caller drops what else it holds
   // for them (telemetry history, saved manifests). on_change is not called.
   std::vector<std::string> PruneFinished(absl::Duration retention, int64_t max_finished);
+  int64_t FinishedCount() const;  // jobs in a final state still held
 
   // Fails every unfinished job that runs on `host` with incarnation `incarnation`, with
   // `error`, and returns their ids.

@@ -484,13 +484,17 @@ void CoordinatorServer::SweepLiveness() {
     }
     launcher_->FailHungJobs();
     CheckRestoredJobs();
-    PruneEveryMinute();
+    PruneFinished();
   }
 }
 
-void CoordinatorServer::PruneEveryMinute() {
+void CoordinatorServer::PruneFinished() {
   const absl::Time now = clock_->Now();
-  if (now - pruned_at_ < absl::Minutes(1)) return;
+  // A burst of short jobs must not wait a minute: memory grows with every job held. The 10%
+  // slack keeps a steady stream of finishing jobs from sorting the table on every sweep.
+  const int64_t cap = limits_.max_finished_jobs;
+  const bool over_cap = cap > 0 && jobs_->FinishedCount() > cap + cap / 10;
+  if (now - pruned_at_ < absl::Minutes(1) && !over_cap) return;
   pruned_at_ = now;
   const std::vector<std::string> jobs =
       jobs_->PruneFinished(limits_.job_retention, limits_.max_finished_jobs);

@@ -174,7 +174,7 @@ class CoordinatorServer {
   // whose workers did not re-register, naming them.
   void CheckRestoredJobs();
   // limits: --history_retention, and finished jobs past --job_retention/--max_finished_jobs.
-  void PruneEveryMinute();  // sweeper only
+  void PruneFinished();     // sweeper only: every minute, or sooner past --max_finished_jobs
   absl::Time pruned_at_;    // sweeper only
   CoordinatorLimits limits_;
 
