@@ -44,7 +44,8 @@ struct CoordinatorLimits {
   // Concurrent telemetry streams: dashboards' WatchTelemetry, workers' UploadTelemetry (one
   // each, plus a few while a job restarts); 0: unlimited. Past them: RESOURCE_EXHAUSTED.
   // Finished jobs leave the job table (and their telemetry history goes) this long after
-  // they ended, and past the newest max_finished_jobs; zero: keep. Applied every minute, and at once past the cap by 10%.
+  // they ended, and past the newest max_finished_jobs; zero: keep. Applied every minute, and
+  // within a liveness sweep once the cap is passed by 10%.
   absl::Duration job_retention = absl::Hours(24 * 7);
   int64_t max_finished_jobs = 1000;
   int64_t max_watch_streams = 1000;
