@@ -128,8 +128,8 @@ class Client:
     def watch(self, job_id, *, since_step=0, names=(), host_detail=False, history_only=False,
               max_reconnects=20):
         """Yields GlobalSummary messages in step order until the job's stream ends. A dropped
-        stream (coordinator restart, network) is resumed from the step after the last one seen,
-        so no summary is yielded twice.
+        stream (coordinator restart, network, or this reader falling behind the live stream) is
+        resumed from the step after the last one seen, so no summary is yielded twice.
 
         When the job restarts from a checkpoint (automatic recovery, docs/checkpoints.md), a
         rewind event comes through: a summary with `rewind` set (summary.HasField("rewind")),
@@ -155,13 +155,18 @@ class Client:
                     yield summary
                 return
             except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                    grpc.StatusCode.DEADLINE_EXCEEDED):
+                # A watcher that fell behind the live stream is closed by the coordinator; the
+                # steps it missed are in the history, so resume at once.
+                fell_behind = (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                               and "fell behind" in (e.details() or ""))
+                if not fell_behind and e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                                        grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 failures += 1
                 if failures > max_reconnects:
                     raise
-                time.sleep(min(0.1 * 2 ** failures, 2.0))
+                if not fell_behind:
+                    time.sleep(min(0.1 * 2 ** failures, 2.0))
 
     def export(self, job_id, *, names=(), as_dataframe=None):
         """Every recorded summary as rows {step, name, index, value, step_time_seconds,

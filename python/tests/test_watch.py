@@ -26,8 +26,8 @@ def rewind(step, attempt=2, steps_lost=2):
 
 
 class ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
-    """Stream i sends scripts[i]: summaries, then the end or a grpc.StatusCode it fails with
-    (UNAVAILABLE: a dropped stream)."""
+    """Stream i sends scripts[i]: summaries, then the end or a grpc.StatusCode (or a (code,
+    message) pair) it fails with (UNAVAILABLE: a dropped stream)."""
 
     def __init__(self, scripts):
         self.scripts = list(scripts)
@@ -38,6 +38,8 @@ class ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
         for item in self.scripts.pop(0):
             if isinstance(item, grpc.StatusCode):
                 context.abort(item, f"scripted {item.name}")
+            if isinstance(item, tuple):
+                context.abort(*item)
             yield item
 
 
@@ -89,9 +91,25 @@ def test_rewind_is_yielded_and_rerun_steps_come_through(serve):
     assert servicer.since_steps == [4, 7]
 
 
+def test_a_reader_that_fell_behind_resumes(serve):
+    # The coordinator closes a watcher whose queue overflowed (telemetry/watch_hub.cc); the
+    # missed steps come from the history on the next stream.
+    behind = (grpc.StatusCode.RESOURCE_EXHAUSTED,
+              "watcher of job job-1 fell behind (more than 256 summaries queued); "
+              "resume with since_step=3")
+    servicer, client = serve([[summary(1), summary(2), behind], [summary(3), summary(4)]])
+    assert seen(client.watch("job-1")) == [("step", s) for s in (1, 2, 3, 4)]
+    assert servicer.since_steps == [0, 3]
+
+
 def test_other_errors_are_raised(serve):
-    # A NOT_FOUND is the caller's to handle, not a reason to reconnect.
+    # A NOT_FOUND is the caller's to handle, not a reason to reconnect; nor is a cap on streams.
     servicer, client = serve([[summary(1), grpc.StatusCode.NOT_FOUND]])
     with pytest.raises(grpc.RpcError) as error:
         list(client.watch("job-9"))
     assert error.value.code() == grpc.StatusCode.NOT_FOUND and servicer.since_steps == [0]
+    servicer, client = serve([[(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "256 WatchTelemetry streams are open; retry later")]])
+    with pytest.raises(grpc.RpcError) as error:
+        list(client.watch("job-9"))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
