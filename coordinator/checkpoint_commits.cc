@@ -35,12 +35,7 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
         " of job ", report.job_id(), ", which restarted since (now run ",
         job.attempts_size() + 1, "); it is not committed"));
   }
-  auto member = job.host_incarnations().find(report.host());
-  if (member == job.host_incarnations().end() || member->second != report.incarnation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "host ", report.host(), " incarnation ", report.incarnation(), " is not part of job ",
-        report.job_id()));
-  }
+  RETURN_IF_ERROR(CheckJobMember(job, report.host(), report.incarnation()));
   const Key key{report.job_id(), report.attempt(), report.step()};
   Step done;
   {

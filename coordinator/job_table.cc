@@ -32,6 +32,16 @@ bool IsFinal(v1::JobState state) {
          state == v1::JOB_STATE_CANCELLED;
 }
 
+absl::Status CheckJobMember(const v1::JobManifest& job, const std::string& host,
+                            const std::string& incarnation) {
+  auto member = job.host_incarnations().find(host);
+  if (member == job.host_incarnations().end() || member->second != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", host, " incarnation ", incarnation, " is not part of job ", job.job_id()));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 bool IsLegal(v1::JobState from, v1::JobState to) {

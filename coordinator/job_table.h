@@ -33,6 +33,10 @@ namespace meshrun::coordinator {
 
 const char* JobStateName(v1::JobState state);
 bool IsFinal(v1::JobState state);
+// OK when `host` runs `job` as `incarnation`; else FAILED_PRECONDITION naming both (a report,
+// checkpoint or preemption from a fenced or foreign worker).
+absl::Status CheckJobMember(const v1::JobManifest& job, const std::string& host,
+                            const std::string& incarnation);
 
 // A saved manifest as a restarted coordinator takes it back at `now`: a RUNNING job stays
 // RUNNING (its workers go on and report to the new coordinator); a job still PENDING,

@@ -413,20 +413,15 @@ void JobLauncher::StopWorkers(const v1::JobManifest& job) {
 
 absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(report.job_id()));
-  auto it = job.host_incarnations().find(report.host());
-  if (it == job.host_incarnations().end() || it->second != report.incarnation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", report.host(), " incarnation ", report.incarnation(), " is not part of job ",
-        report.job_id()));
-  }
+  RETURN_IF_ERROR(coordinator::CheckJobMember(job, report.host(), report.incarnation()));
   if (coordinator::IsFinal(job.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", report.job_id(), " already ended ", coordinator::JobStateName(job.state())));
   }
   if (report.attempt() != job.attempts_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the report is from run ", report.attempt(), " of job ", report.job_id(),
-        ", which restarted since (run ", job.attempts_size(), ")"));
+        "the report is from run ", int64_t{report.attempt()} + 1, " of job ", report.job_id(),
+        ", which restarted since (now run ", job.attempts_size() + 1, ")"));
   }
   RETURN_IF_ERROR(config_.jobs->Update(report.job_id(), [&](v1::JobManifest& m) {
     m.set_last_step(std::max(m.last_step(), report.last_step()));

@@ -103,12 +103,7 @@ absl::StatusOr<int64_t> JobLauncher::Preempt(const v1::PreemptJobRequest& reques
     return absl::InvalidArgumentError("job_id and host must be set");
   }
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(request.job_id()));
-  auto member = job.host_incarnations().find(request.host());
-  if (member == job.host_incarnations().end() || member->second != request.incarnation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "host ", request.host(), " incarnation ", request.incarnation(), " is not part of job ",
-        request.job_id()));
-  }
+  RETURN_IF_ERROR(coordinator::CheckJobMember(job, request.host(), request.incarnation()));
   if (request.attempt() != job.attempts_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the preemption is of run ", int64_t{request.attempt()} + 1, " of job ", request.job_id(),
