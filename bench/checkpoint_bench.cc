@@ -1,7 +1,7 @@
 // Checkpoint cost on the transformer LM (examples/transformer_lm/dp8, 8 CPU devices), in one
-// process: the worker's StepLoop with and without a CheckpointSaver, the saver's write
-// throughput beside a plain write + fsync of the same bytes to the same directory, and the
-// time to the first step from a checkpoint (RestoreState) beside a cold start (init).
+// process: the worker's StepLoop with and without a CheckpointSaver, the checkpoint writer's
+// throughput (alone) beside a plain write + fsync of the same bytes to the same directory, and
+// the time to the first step from a checkpoint (RestoreState) beside a cold start (init).
 //
 // Two comparisons, each alternating its sides round by round (the order alternating too) and
 // reporting the median of the per-round ratios with its spread (bench/README.md):
