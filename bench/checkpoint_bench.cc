@@ -1,33 +1,37 @@
 // Checkpoint cost on the transformer LM (examples/transformer_lm/dp8, 8 CPU devices), in one
-// process: the worker's StepLoop with and without a CheckpointSaver, the saver's write
-// throughput beside a plain write + fsync of the same bytes to the same directory, and the
-// time to the first step from a checkpoint (RestoreState) beside a cold start (init).
+// process: the worker's StepLoop with and without a CheckpointSaver, the checkpoint writer's
+// throughput (alone) beside a plain write + fsync of the same bytes to the same directory, and
+// the time to the first step from a checkpoint (RestoreState) beside a cold start (init).
 //
-// Configurations (rounds interleave them, rotating the order):
-//   none   StepLoop, N steps, no checkpoint.
-//   every  StepLoop, N steps, a checkpoint every --every steps (and after the last, as a job
-//          does), written by the worker's CheckpointSaver into a directory under --dir; the run
-//          ends when the last checkpoint was written (Flush), so unfinished writes count.
-// Timed span: Start() until the loop's on_done (+ the saver's Flush for `every`).
+// Two comparisons, each alternating its sides round by round (the order alternating too) and
+// reporting the median of the per-round ratios with its spread (bench/README.md):
 //
-// Prints absolute figures, then (higher is better):
-//   ratio checkpoint_overhead      <none time / every time>, median over rounds
-//   ratio checkpoint_write_vs_disk <saver bytes/s (CheckpointBytes / CheckpointWriteTime) /
-//                                   plain write+fsync bytes/s of as many bytes in one file>
-// and, as figures: restore-to-first-step and cold-start-to-first-step seconds.
+//   checkpoint_overhead       StepLoop for N steps without a checkpoint (`none`) against the
+//                             same with a checkpoint every --every steps and after the last, as a
+//                             job does (`every`), written by the worker's CheckpointSaver; the
+//                             `every` run ends when its last checkpoint was written (Flush).
+//                             Timed: Start() until on_done (+ the Flush). Ratio none / every.
+//   checkpoint_write_vs_disk  the checkpoint writer (checkpoint::WriteChunks: the state's chunks,
+//                             .zarray files and sha256s into a new step directory, fsynced with
+//                             their directories) against one plain write + fsync of the same
+//                             bytes into a new file, in the same directory, with no step loop
+//                             running on either side. Nothing written is deleted before the end
+//                             of the run: on ext4 without a journal (this machine's root) a new
+//                             inode costs more CPU the more inodes of its block group were
+//                             deleted in the last 30 s, so deleting between rounds would tax the
+//                             side that makes 112 inodes (the plain side makes one).
+//                             Ratio writer bytes/s / plain bytes/s.
+// Also printed: the saver's throughput while training (its writes then compete with the step
+// loop for the cores), and restore-to-first-step beside cold-start-to-first-step seconds.
 //
-// Usage: meshrun_checkpoint_bench [--steps N] [--every K] [--rounds R] [--dir PATH]
+// Usage: meshrun_checkpoint_bench [--steps N] [--every K] [--rounds R] [--write_rounds W]
+//                                 [--dir PATH]
 //
-// On the shared 2-core build machine (load ~12, ext4 on a virtio disk whose write+fsync of 15 MB
-// runs at ~1.5 GB/s): 15.1 MB per checkpoint, the loop blocked 5.7 ms per checkpoint, overhead
-// 0.97 (per-run times swing 24-45 s, so this is noise-bound); first step 0.23 s from a
-// checkpoint vs 0.19 s from init. The writer: 140 MB/s median of 3 runs of --steps 60 --every 20
-// --rounds 1 (load ~10.5), ratio 0.19; its fsyncs, once 90% of its time one journal commit each,
-// now go out together (checkpoint/store.cc SyncAll); the writes compete with the step loop for
-// the two cores (docs/checkpoints.md, "Not yet").
+// Figures and what limits them: docs/checkpoints.md ("Figures") and bench/README.md.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,9 +41,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/store.h"
 #include "common/file_sync.h"
 #include "worker/checkpointing.h"
@@ -55,6 +62,8 @@ namespace fs = std::filesystem;
 using meshrun::bench::Fail;
 using meshrun::bench::Median;
 using meshrun::bench::Now;
+using meshrun::bench::ProcessCpuSeconds;
+using meshrun::bench::Spread;
 using namespace meshrun;
 using runtime::ExampleJob;
 using runtime::HostArray;
@@ -162,41 +171,76 @@ struct Bench {
   }
 };
 
-// Seconds to write `bytes` to one new file under `dir` and fsync it (64 MiB pieces).
-double PlainWrite(const std::string& dir, int64_t bytes) {
-  const std::string path = dir + "/plain.bin";
-  std::string piece(64 << 20, '\x5a');
+// Seconds to write `bytes` into the new file `path` and fsync it as the writer fsyncs a large
+// chunk (FsyncInPieces). -1 on an error.
+double PlainWrite(const std::string& path, const std::string& bytes) {
   const double start = Now();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  for (int64_t done = 0; fd >= 0 && done < bytes;) {
-    const ssize_t n = ::write(fd, piece.data(),
-                              static_cast<size_t>(std::min<int64_t>(piece.size(), bytes - done)));
-    if (n <= 0) break;
-    done += n;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    done += static_cast<size_t>(n);
   }
-  if (fd >= 0) {
-    FsyncInPieces(fd);
-    ::close(fd);
+  const int error = FsyncInPieces(fd);
+  ::close(fd);
+  return error == 0 ? Now() - start : -1;
+}
+
+// The chunks the saver wrote for `manifest`'s arrays, cut again from the committed checkpoint:
+// the writer's input for the write comparison.
+absl::StatusOr<std::vector<checkpoint::ArrayChunks>> ChunksOf(const std::string& step_dir) {
+  auto manifest = checkpoint::ReadManifest(step_dir);
+  if (!manifest.ok()) return manifest.status();
+  std::vector<checkpoint::ArrayChunks> out;
+  for (const v1::CheckpointArray& array : manifest->arrays()) {
+    auto global = checkpoint::ReadArray(step_dir, array);
+    if (!global.ok()) return global.status();
+    const std::vector<int64_t> chunk(array.chunk_shape().begin(), array.chunk_shape().end());
+    const int64_t element = runtime::DTypeByteSize(global->shape.dtype);
+    checkpoint::ArrayChunks entry{array, {}};
+    entry.array.clear_chunks();
+    for (const v1::CheckpointChunk& c : array.chunks()) {
+      std::vector<int64_t> start;  // a scalar's key is "0" and its start empty
+      for (absl::string_view part : absl::StrSplit(c.key(), '.')) {
+        int64_t g = 0;
+        if (chunk.empty()) break;
+        if (!absl::SimpleAtoi(part, &g) || start.size() == chunk.size()) {
+          return absl::DataLossError("bad chunk key " + c.key());
+        }
+        start.push_back(g * chunk[start.size()]);
+      }
+      HostArray block{{global->shape.dtype, chunk}, {}};
+      block.bytes.assign(static_cast<size_t>(block.shape.ByteSize()), '\0');
+      checkpoint::CopyBlock(global->bytes.data(), global->shape.dims, start, block.bytes.data(),
+                            chunk, std::vector<int64_t>(chunk.size(), 0), chunk, element);
+      entry.chunks.push_back({c.key(), std::move(block)});
+    }
+    out.push_back(std::move(entry));
   }
-  const double seconds = Now() - start;
-  fs::remove(path);
-  return seconds;
+  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t steps = 200, every = 100;
-  int rounds = 2;
+  int rounds = 2, write_rounds = 15;
   std::string dir = (fs::temp_directory_path() / "meshrun_checkpoint_bench").string();
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoll(argv[i + 1]);
     else if (std::strcmp(argv[i], "--every") == 0) every = std::atoll(argv[i + 1]);
     else if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--write_rounds") == 0) write_rounds = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
   }
-  if (steps < 1 || every < 1 || rounds < 1) {
-    std::fprintf(stderr, "usage: %s [--steps N] [--every K] [--rounds R] [--dir PATH]\n", argv[0]);
+  if (steps < 1 || every < 1 || rounds < 1 || write_rounds < 1) {
+    std::fprintf(stderr,
+                 "usage: %s [--steps N] [--every K] [--rounds R] [--write_rounds W] [--dir PATH]\n",
+                 argv[0]);
     return 2;
   }
   auto rt = runtime::PjrtRuntime::Create(
@@ -215,17 +259,23 @@ int main(int argc, char** argv) {
               .dir = dir};
 
   if (auto warm = bench.Run(2, 0); !warm.ok()) return Fail("warm-up", warm.status());
-  std::map<std::string, std::vector<double>> seconds;
+  std::map<std::string, std::vector<double>> seconds, cpu;
+  std::vector<double> overhead;  // none / every, per round
   for (int round = 0; round < rounds; ++round) {
+    double t[2] = {0, 0};
     for (int k = 0; k < 2; ++k) {
       const bool with = (k + round) % 2 == 1;
-      auto t = bench.Run(steps, with ? every : 0);
-      if (!t.ok()) return Fail(with ? "every" : "none", t.status());
-      seconds[with ? "every" : "none"].push_back(*t);
-      std::printf("round %d %s: %.2f s (%.2f steps/s)\n", round + 1, with ? "every" : "none", *t,
-                  steps / *t);
+      const double cpu_start = ProcessCpuSeconds();
+      auto run = bench.Run(steps, with ? every : 0);
+      if (!run.ok()) return Fail(with ? "every" : "none", run.status());
+      t[with] = *run;
+      seconds[with ? "every" : "none"].push_back(*run);
+      cpu[with ? "every" : "none"].push_back(ProcessCpuSeconds() - cpu_start);
+      std::printf("round %d %s: %.2f s (%.2f steps/s)\n", round + 1, with ? "every" : "none", *run,
+                  steps / *run);
       std::fflush(stdout);
     }
+    overhead.push_back(t[0] / t[1]);
   }
   const worker::MetricValue bytes = bench.saver_metrics.Get(worker::kCheckpointBytes);
   const worker::MetricValue write = bench.saver_metrics.Get(worker::kCheckpointWriteTime);
@@ -236,14 +286,41 @@ int main(int argc, char** argv) {
     if (!bench.reports.empty()) blocking_ms /= static_cast<double>(bench.reports.size());
   }
   const double per_checkpoint = bytes.count > 0 ? bytes.total / bytes.count : 0;
-  const double saver_rate = write.total > 0 ? bytes.total / write.total : 0;
-  std::vector<double> plain;
-  for (int i = 0; i < 3; ++i) plain.push_back(PlainWrite(dir, static_cast<int64_t>(per_checkpoint)));
-  const double plain_rate = per_checkpoint / Median(plain);
+  const double training_rate = write.total > 0 ? bytes.total / write.total : 0;
 
-  // Time to the first step: from the newest checkpoint vs init.
   auto committed = bench.CommitNewest();
   if (!committed.ok()) return Fail("commit", committed.status());
+  auto chunks = ChunksOf(*committed);
+  if (!chunks.ok()) return Fail("read the checkpoint back", chunks.status());
+  std::string flat;  // the same bytes, for the plain write
+  size_t files = 0;
+  for (const checkpoint::ArrayChunks& a : *chunks) {
+    files += 1 + a.chunks.size();
+    for (const checkpoint::Chunk& c : a.chunks) flat += c.data.bytes;
+  }
+  const std::string writes = dir + "/writes";
+  fs::create_directories(writes);
+  std::vector<double> writer_s, plain_s, write_ratio;
+  for (int round = 0; round < write_rounds; ++round) {
+    double tw = 0, tp = 0;
+    for (int k = 0; k < 2; ++k) {
+      if ((k + round) % 2 == 0) {
+        const double start = Now();
+        auto written = checkpoint::WriteChunks(checkpoint::TempStepDir(writes, round), *chunks);
+        if (!written.ok()) return Fail("checkpoint write", written.status());
+        tw = Now() - start;
+      } else {
+        tp = PlainWrite(absl::StrCat(writes, "/plain-", round, ".bin"), flat);
+        if (tp < 0) return Fail("plain write", absl::UnavailableError(std::strerror(errno)));
+      }
+    }
+    writer_s.push_back(tw);
+    plain_s.push_back(tp);
+    write_ratio.push_back(tp / tw);
+  }
+  fs::remove_all(writes);
+
+  // Time to the first step: from the newest checkpoint vs init.
   const std::vector<v1::TensorSpec> state = StateSpecs(*job);
   double cold = 0, warm = 0;
   if (auto t = bench.Run(1, 0, nullptr, &cold); !t.ok()) return Fail("cold start", t.status());
@@ -255,18 +332,25 @@ int main(int argc, char** argv) {
   if (auto t = bench.Run(1, 0, restore, &warm); !t.ok()) return Fail("restore", t.status());
 
   const double none = Median(seconds["none"]), with = Median(seconds["every"]);
+  const double mb = static_cast<double>(flat.size()) / 1e6;
   std::printf("transformer_lm/dp8, %lld steps, checkpoint every %lld: none %.2f s (%.3f steps/s), "
-              "every %.2f s (%.3f steps/s)\n", static_cast<long long>(steps),
-              static_cast<long long>(every), none, steps / none, with, steps / with);
-  std::printf("checkpoint: %.1f MB each, %lld written; loop blocked %.1f ms per checkpoint; "
-              "writer %.1f MB/s; plain write+fsync of as many bytes %.1f MB/s (in %s)\n",
-              per_checkpoint / 1e6, static_cast<long long>(bytes.count),
-              blocking_ms,
-              saver_rate / 1e6, plain_rate / 1e6, dir.c_str());
+              "every %.2f s (%.3f steps/s); process CPU none %.2f s, every %.2f s (medians)\n",
+              static_cast<long long>(steps), static_cast<long long>(every), none, steps / none,
+              with, steps / with, Median(cpu["none"]), Median(cpu["every"]));
+  std::printf("checkpoint: %.1f MB in %zu files, %lld written while training; loop blocked %.1f ms "
+              "per checkpoint; writer while training %.1f MB/s\n",
+              per_checkpoint / 1e6, files, static_cast<long long>(bytes.count), blocking_ms,
+              training_rate / 1e6);
+  std::printf("write alone (in %s): writer %.1f MB/s (%.1f ms), plain write+fsync %.1f MB/s "
+              "(%.1f ms) (medians of %d rounds)\n",
+              writes.c_str(), mb / Median(writer_s), Median(writer_s) * 1e3, mb / Median(plain_s),
+              Median(plain_s) * 1e3, write_rounds);
   std::printf("first step: cold start (init) %.3f s, restore from a checkpoint %.3f s\n", cold,
               warm);
-  std::printf("ratio checkpoint_write_vs_disk %.4f\n", plain_rate > 0 ? saver_rate / plain_rate : 0);
-  std::printf("ratio checkpoint_overhead %.4f\n", none / with);
+  std::printf("checkpoint_write_vs_disk per round: %s\n", Spread(write_ratio).c_str());
+  std::printf("ratio checkpoint_write_vs_disk %.4f\n", Median(write_ratio));
+  std::printf("checkpoint_overhead per round: %s\n", Spread(overhead).c_str());
+  std::printf("ratio checkpoint_overhead %.4f\n", Median(overhead));
   fs::remove_all(dir);
   return 0;
 }
