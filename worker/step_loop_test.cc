@@ -188,6 +188,29 @@ StepLoop::Config LoopConfig(Runtime* runtime, const CompiledJob& job, RunSpec sp
   return config;
 }
 
+// Runs the job to the end, or until a Cancel() from the sink of step `cancel_at` (0: none)
+// ends it; the summaries go to `collected`.
+LoopResult RunCancellingAt(Runtime* runtime, const CompiledJob& job, RunSpec spec,
+                           int64_t cancel_at, Collected* collected) {
+  StepLoop* raw = nullptr;
+  StepLoop::Config config =
+      LoopConfig(runtime, job, std::move(spec),
+                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), collected);
+  config.sink = [&raw, cancel_at, collected](HostStepSummary summary) {
+    if (summary.step == cancel_at) raw->Cancel();
+    absl::MutexLock l(&collected->mu);
+    collected->summaries.push_back(std::move(summary));
+  };
+  auto loop = StepLoop::Create(std::move(config));
+  EXPECT_TRUE(loop.ok()) << loop.status();
+  if (!loop.ok()) return {LoopOutcome::kFailed, loop.status()};
+  raw = loop->get();
+  EXPECT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  (*loop)->Stop();
+  return result;
+}
+
 float Relative(float got, float want) { return std::fabs(got - want) / std::fabs(want); }
 
 // ---- reference losses through the loop ----
@@ -329,24 +352,11 @@ TEST_F(StepLoopTest, CancelFromTheSinkEndsTheLoopAfterTheStepInFlight) {
   const CompiledJob& job = Job("mlp_classifier/dp1");
   ASSERT_NE(job.step, nullptr);
   Collected collected;
-  StepLoop* raw = nullptr;
-  StepLoop::Config config =
-      LoopConfig(runtime_, job, SpecFor(job.job, 1000, 10),
-                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
-  config.sink = [&raw, &collected](HostStepSummary summary) {
-    if (summary.step == 50) raw->Cancel();
-    absl::MutexLock l(&collected.mu);
-    collected.summaries.push_back(std::move(summary));
-  };
-  auto loop = StepLoop::Create(std::move(config));
-  ASSERT_TRUE(loop.ok()) << loop.status();
-  raw = loop->get();
-  ASSERT_TRUE((*loop)->Start().ok());
-  const LoopResult result = (*loop)->Wait();
+  const LoopResult result =
+      RunCancellingAt(runtime_, job, SpecFor(job.job, 1000, 10), 50, &collected);
   EXPECT_EQ(result.outcome, LoopOutcome::kCancelled);
   EXPECT_EQ(result.last_completed_step, 51);
   EXPECT_TRUE(result.error.ok());
-  (*loop)->Stop();
   absl::MutexLock l(&collected.mu);
   EXPECT_EQ(collected.summaries.size(), 5u);
   ASSERT_EQ(collected.done.size(), 1u);
@@ -598,21 +608,8 @@ TEST_F(StepLoopTest, LoggingStepsLaunchTheNextStepBeforeTheirTelemetryIsRead) {
     TracingRuntime tracing(runtime_);
     tracing.step = job.step.get();
     Collected collected;
-    StepLoop* raw = nullptr;
-    StepLoop::Config config =
-        LoopConfig(&tracing, job, SpecFor(job.job, kSteps, 1),
-                   std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
-    config.sink = [&](HostStepSummary summary) {
-      if (summary.step == cancel_at) raw->Cancel();
-      absl::MutexLock l(&collected.mu);
-      collected.summaries.push_back(std::move(summary));
-    };
-    auto loop = StepLoop::Create(std::move(config));
-    ASSERT_TRUE(loop.ok()) << loop.status();
-    raw = loop->get();
-    ASSERT_TRUE((*loop)->Start().ok());
-    const LoopResult result = (*loop)->Wait();
-    (*loop)->Stop();
+    const LoopResult result =
+        RunCancellingAt(&tracing, job, SpecFor(job.job, kSteps, 1), cancel_at, &collected);
     const int64_t last = cancel_at == 0 ? kSteps : cancel_at + 1;
     EXPECT_EQ(result.outcome, cancel_at == 0 ? LoopOutcome::kSucceeded : LoopOutcome::kCancelled)
         << result.error;
