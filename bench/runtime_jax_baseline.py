@@ -6,7 +6,9 @@ driven from Python on the same 8 CPU devices, state donated, batches already on 
 Models: "small" = the MLP classifier (a short, dispatch-bound step), "lm" = the transformer LM.
 It compiles both, runs 3 warm-up steps of each, prints "compile_s_<model> <v>" for each and
 "ready", then serves the benchmark on stdin so that its rounds can alternate with meshrun's:
-  run <model> <steps>   ->  "elapsed <seconds>"  (dispatch of `steps` steps until the last is done)
+  run <model> <steps>   ->  "elapsed <seconds> thread_cpu <s> process_cpu <s>"  (dispatch of
+                            `steps` steps until the last is done; the CPU of the Python thread
+                            that dispatches, and of the whole process with XLA's threads)
   quit
 Exit 77 when JAX is missing.
   .venv/bin/python bench/runtime_jax_baseline.py [--mesh dp8]
@@ -54,7 +56,9 @@ class Runner:
         self.run(warmup)
 
     def run(self, steps):
-        """Dispatches `steps` steps as a JAX user's loop does; returns the seconds until done."""
+        """Dispatches `steps` steps as a JAX user's loop does; returns the seconds until done and
+        the CPU seconds of this thread and of the process over them."""
+        thread_start, process_start = time.thread_time(), time.process_time()
         start = time.perf_counter()
         metrics = None
         for _ in range(steps):
@@ -62,7 +66,8 @@ class Runner:
                                                 self.batches[self.index % len(self.batches)])
             self.index += 1
         jax.block_until_ready((self.state, metrics))
-        return time.perf_counter() - start
+        return (time.perf_counter() - start, time.thread_time() - thread_start,
+                time.process_time() - process_start)
 
 
 def main():
@@ -81,7 +86,9 @@ def main():
         if words[0] != "run" or len(words) != 3 or words[1] not in runners:
             print(f"error: bad command {line.strip()!r}", flush=True)
             return 2
-        print(f"elapsed {runners[words[1]].run(int(words[2])):.9f}", flush=True)
+        elapsed, thread_cpu, process_cpu = runners[words[1]].run(int(words[2]))
+        print(f"elapsed {elapsed:.9f} thread_cpu {thread_cpu:.9f} process_cpu {process_cpu:.9f}",
+              flush=True)
     return 0
 
 

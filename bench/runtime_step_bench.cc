@@ -46,6 +46,7 @@ using namespace meshrun::runtime;
 using meshrun::bench::Fail;
 using meshrun::bench::Median;
 using meshrun::bench::Now;
+using meshrun::bench::ProcessCpuSeconds;
 using meshrun::bench::Spread;
 using meshrun::bench::ThreadCpuSeconds;
 
@@ -98,17 +99,22 @@ class JaxProcess {
     std::printf("jax baseline: did not start (exit status of %s)\n", script.c_str());
     return false;
   }
-  // Seconds JAX took for `steps` steps of `model`; negative on failure.
-  double Run(const char* model, int steps) {
+  struct Timing {
+    double seconds = -1;  // negative on failure
+    double thread_cpu = 0, process_cpu = 0;  // the dispatching Python thread; the whole process
+  };
+  // What JAX took for `steps` steps of `model`.
+  Timing Run(const char* model, int steps) {
     std::fprintf(to_, "run %s %d\n", model, steps);
     std::fflush(to_);
     char line[256];
-    double seconds = -1;
+    Timing t;
     if (std::fgets(line, sizeof(line), from_) == nullptr ||
-        std::sscanf(line, "elapsed %lf", &seconds) != 1) {
-      return -1;
+        std::sscanf(line, "elapsed %lf thread_cpu %lf process_cpu %lf", &t.seconds, &t.thread_cpu,
+                    &t.process_cpu) != 3) {
+      t.seconds = -1;
     }
-    return seconds;
+    return t;
   }
 
  private:
@@ -125,6 +131,8 @@ struct Model {
   int next_index = 0;
   std::vector<double> meshrun, jax, ratios;  // steps/s per round, and their ratio
   std::vector<double> host_us;  // CPU of the loop's thread per step, µs, per round
+  std::vector<double> process_us;  // CPU of the whole process per step, µs, per round
+  std::vector<double> jax_host_us, jax_process_us;  // the same for JAX's dispatching thread
 };
 
 }  // namespace
@@ -221,6 +229,7 @@ int main(int argc, char** argv) {
     const RuntimeCounters before = (*runtime)->counters();
     const double start = Now();
     const double cpu_start = ThreadCpuSeconds();
+    const double process_start = ProcessCpuSeconds();
     for (int i = 0; i < model.steps; ++i) {
       if (auto s = model.runner->Step(model.next_index++); !s.ok()) {
         Fail("step", s.status());
@@ -233,6 +242,7 @@ int main(int argc, char** argv) {
     }
     const double rate = model.steps / (Now() - start);
     model.host_us.push_back((ThreadCpuSeconds() - cpu_start) / model.steps * 1e6);
+    model.process_us.push_back((ProcessCpuSeconds() - process_start) / model.steps * 1e6);
     const RuntimeCounters after = (*runtime)->counters();
     if (after.host_to_device.count != before.host_to_device.count ||
         after.device_to_host.count != before.device_to_host.count) {
@@ -248,12 +258,14 @@ int main(int argc, char** argv) {
           m = run_meshrun(model);
           if (m == 0) return 1;
         } else if (have_jax) {
-          const double seconds = jax.Run(model.jax_name, model.steps);
-          if (seconds <= 0) {
+          const JaxProcess::Timing t = jax.Run(model.jax_name, model.steps);
+          if (t.seconds <= 0) {
             std::fprintf(stderr, "runtime_step_bench: the JAX baseline failed\n");
             return 1;
           }
-          j = model.steps / seconds;
+          j = model.steps / t.seconds;
+          model.jax_host_us.push_back(t.thread_cpu / model.steps * 1e6);
+          model.jax_process_us.push_back(t.process_cpu / model.steps * 1e6);
         }
       }
       model.meshrun.push_back(m);
@@ -279,8 +291,16 @@ int main(int argc, char** argv) {
     // runtime adds on top of the plugin's compute threads.
     std::printf("%s: meshrun loop-thread CPU per step, us: %s\n", model.jax_name,
                 Spread(model.host_us, 1).c_str());
+    // With the compute threads: on a machine with fewer cores than busy threads, host work
+    // per step takes cores from the compute, so this is the figure both sides compete on.
+    std::printf("%s: meshrun process CPU per step, us: %s\n", model.jax_name,
+                Spread(model.process_us, 1).c_str());
     if (!have_jax) continue;
     std::printf("%s: jax steps/s %s\n", model.jax_name, Spread(model.jax, 2).c_str());
+    std::printf("%s: jax dispatching-thread CPU per step, us: %s\n", model.jax_name,
+                Spread(model.jax_host_us, 1).c_str());
+    std::printf("%s: jax process CPU per step, us: %s\n", model.jax_name,
+                Spread(model.jax_process_us, 1).c_str());
     std::printf("%s: per-round meshrun/jax %s\n", model.jax_name, Spread(model.ratios).c_str());
   }
   if (load_s > 0) std::printf("ratio compile_over_load %.4f\n", compile_s / load_s);

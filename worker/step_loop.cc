@@ -10,21 +10,13 @@
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
+#include "worker/step_loop_internal.h"
 
 namespace meshrun::worker {
-namespace {
 
-using runtime::ArrayShape;
 using runtime::DeviceBuffer;
 using runtime::DType;
 using runtime::HostArray;
-
-absl::Status PrefixStatus(const absl::Status& status, absl::string_view prefix) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
-}  // namespace
 
 std::string LoopOutcomeName(LoopOutcome outcome) {
   switch (outcome) {
@@ -215,6 +207,10 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
   auto loop = std::unique_ptr<StepLoop>(new StepLoop(std::move(config), cadence));
   loop->devices_ = devices;
   loop->partitions_ = partitions;
+  for (int index : telemetry_index) {
+    loop->telemetry_reads_state_ =
+        loop->telemetry_reads_state_ || index < loop->config_.spec.num_state;
+  }
   loop->telemetry_index_ = std::move(telemetry_index);
   const RunSpec& run = loop->config_.spec;
   const int num_acc = mode_b ? run.num_grad_acc : 0;
@@ -436,13 +432,17 @@ absl::Status StepLoop::RunSteps() {
       current.done->Await().IgnoreError();  // it ran on the failed step's state
       return status;
     }
-    const bool drain = MustDrainAfter(s);
+    // Step s is waited for before the next launch only when its state must be exactly step
+    // s's (a checkpoint, the end); a logging step's telemetry is read after step s+1 launched.
+    const AfterStep after = DecideAfterStep(s);
+    const bool drain = after.checkpoint || after.stop || s == steps ||
+                       (telemetry_reads_state_ && cadence_.IsLoggingStep(s));
     if (drain) RETURN_IF_ERROR(CompleteStep(current));
     for (size_t d = 0; d < devices_.size(); ++d) {
       for (int i = 0; i < num_state; ++i) state_[d][i] = std::move(current.outputs[d][i]);
     }
     if (drain) {
-      MaybeCheckpoint(s);
+      FinishStep(s, after);
     } else {
       pending = std::move(current);
     }
@@ -461,36 +461,28 @@ absl::Status StepLoop::CompleteStep(InFlight& step) {
   return absl::OkStatus();
 }
 
-bool StepLoop::MustDrainAfter(int64_t s) {
+StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
+  const bool scheduled = s == config_.spec.steps ||
+                         (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);
   absl::MutexLock l(&mu_);
   checked_through_ = s;
-  if (s == config_.spec.steps || cadence_.IsLoggingStep(s)) return true;
-  if (stop_after_checkpoint_ || checkpoint_at_ == s) return true;
-  if (!config_.checkpoint) return false;
-  return checkpoint_requested_ ||
-         (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);
+  const bool at_target = checkpoint_at_ == s;
+  AfterStep after{
+      .checkpoint = config_.checkpoint && (scheduled || checkpoint_requested_ || at_target),
+      .stop = stop_after_checkpoint_ || (at_target && stop_at_target_)};
+  checkpoint_requested_ = false;
+  if (at_target) checkpoint_at_ = 0;
+  return after;
 }
 
-void StepLoop::MaybeCheckpoint(int64_t s) {
-  bool due = s == config_.spec.steps ||
-             (config_.checkpoint_every > 0 && s % config_.checkpoint_every == 0);
-  bool stop = false;
-  {
-    absl::MutexLock l(&mu_);
-    const bool at_target = checkpoint_at_ == s;
-    due = due || checkpoint_requested_ || at_target;
-    stop = stop_after_checkpoint_ || (at_target && stop_at_target_);
-    checkpoint_requested_ = false;
-    if (at_target) checkpoint_at_ = 0;
-    checked_through_ = s;
-  }
-  if (due && config_.checkpoint) {
+void StepLoop::FinishStep(int64_t s, AfterStep after) {
+  if (after.checkpoint) {
     const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
     const absl::Time start = config_.clock->Now();
     config_.checkpoint(s, state_, partitions_, s * micro);
     metrics_->AddTime(kCheckpointBlockingTime, config_.clock->Now() - start);
   }
-  if (stop) Cancel();
+  if (after.stop) Cancel();
 }
 
 void StepLoop::RequestCheckpoint(bool then_stop) {
@@ -513,99 +505,6 @@ absl::Status StepLoop::RequestCheckpointAt(int64_t step, bool then_stop) {
   }
   checkpoint_at_ = step;
   stop_at_target_ = stop_at_target_ || then_stop;
-  return absl::OkStatus();
-}
-
-absl::Status StepLoop::ZeroAccumulators() {
-  const std::vector<ArrayShape>& shapes = config_.grad->output_shapes();
-  grad_acc_.clear();
-  grad_acc_.resize(devices_.size());
-  for (size_t d = 0; d < devices_.size(); ++d) {
-    for (int i = 0; i < config_.spec.num_grad_acc; ++i) {
-      const HostArray zeros{shapes[i], std::string(shapes[i].ByteSize(), '\0')};
-      const absl::Time start = config_.clock->Now();
-      ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buffer,
-                       config_.runtime->ToDevice(zeros, devices_[d]));
-      metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
-      metrics_->AddBytes(kTransferToDeviceBytes, shapes[i].ByteSize());
-      grad_acc_[d].push_back(std::move(buffer));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepLoop::RunModeBSteps() {
-  const RunSpec& spec = config_.spec;
-  const int64_t micro = spec.grad_accumulation;
-  const int64_t total = spec.steps * micro;  // micro-batches over the run
-  const int num_state = spec.num_state;
-  if (cancelled()) return absl::CancelledError("cancelled before init");
-  const int64_t first = spec.first_step;
-  // The first micro-batch uploads while init runs.
-  if (first <= spec.steps) RequestBatch((first - 1) * micro + 1);
-  if (absl::Status status = Initialize(); !status.ok()) return PrefixStatus(status, "init: ");
-  if (absl::Status status = ZeroAccumulators(); !status.ok()) {
-    return PrefixStatus(status, "init: zero accumulators: ");
-  }
-  for (int64_t s = first; s <= spec.steps; ++s) {
-    const absl::Time start = config_.clock->Now();
-    absl::Duration data_wait;
-    for (int64_t m = 1; m <= micro; ++m) {
-      if (cancelled()) {
-        return absl::CancelledError(absl::StrCat("cancelled before step ", s, ", micro-step ", m));
-      }
-      const std::string where = absl::StrCat("step ", s, ", micro-step ", m);
-      const int64_t index = (s - 1) * micro + m;
-      const absl::Time waiting = config_.clock->Now();
-      absl::StatusOr<DeviceBuffers> batch = TakeBatch(index);
-      data_wait += config_.clock->Now() - waiting;
-      if (!batch.ok()) {
-        if (absl::IsCancelled(batch.status()) && cancelled()) return batch.status();
-        return PrefixStatus(batch.status(), where + ": ");
-      }
-      if (index < total) RequestBatch(index + 1);
-      std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
-      for (size_t d = 0; d < devices_.size(); ++d) {
-        for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
-        for (const auto& buffer : grad_acc_[d]) args[d].push_back(buffer.get());
-        for (const auto& buffer : (*batch)[d]) args[d].push_back(buffer.get());
-      }
-      const absl::Time launched = config_.clock->Now();
-      absl::StatusOr<DeviceBuffers> outputs =
-          config_.runtime->Execute(*config_.grad, args, {.donate_inputs = grad_donate_});
-      if (!outputs.ok()) return PrefixStatus(outputs.status(), where + " (grad): ");
-      metrics_->AddTime(kExecuteTime, config_.clock->Now() - launched);
-      for (size_t d = 0; d < devices_.size(); ++d) {
-        for (int i = 0; i < spec.num_grad_acc; ++i) grad_acc_[d][i] = std::move((*outputs)[d][i]);
-      }
-    }
-    if (config_.reduce_gradients) {
-      if (absl::Status status = config_.reduce_gradients(grad_acc_); !status.ok()) {
-        return PrefixStatus(status, absl::StrCat("step ", s, ": gradient reduction: "));
-      }
-    }
-    std::vector<std::vector<DeviceBuffer*>> args(devices_.size());
-    for (size_t d = 0; d < devices_.size(); ++d) {
-      for (int i = 0; i < num_state; ++i) args[d].push_back(state_[d][i].get());
-      for (const auto& buffer : grad_acc_[d]) args[d].push_back(buffer.get());
-    }
-    const absl::Time launched = config_.clock->Now();
-    absl::StatusOr<DeviceBuffers> outputs =
-        config_.runtime->Execute(*config_.apply, args, {.donate_inputs = donate_});
-    if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, " (apply): "));
-    RETURN_IF_ERROR(StepDone(s, start, launched, data_wait, *outputs));
-    for (size_t d = 0; d < devices_.size(); ++d) {
-      for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
-      for (int i = 0; i < spec.num_grad_acc; ++i) {
-        grad_acc_[d][i] = std::move((*outputs)[d][num_state + i]);
-      }
-    }
-    {
-      absl::MutexLock l(&mu_);
-      last_completed_ = s;
-    }
-    MaybeCheckpoint(s);
-  }
   return absl::OkStatus();
 }
 
@@ -656,98 +555,6 @@ absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,
     }
   }
   return absl::OkStatus();
-}
-
-bool StepLoop::BatchReadyOrCancelled() const { return prefetch_ready_step_ != 0 || cancel_; }
-
-bool StepLoop::PrefetchWork() const { return prefetch_request_ != 0 || prefetch_shutdown_; }
-
-void StepLoop::PrefetchMain() {
-  while (true) {
-    int64_t step;
-    {
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(this, &StepLoop::PrefetchWork));
-      if (prefetch_shutdown_) return;
-      step = prefetch_request_;
-      prefetch_request_ = 0;
-    }
-    absl::StatusOr<DeviceBuffers> batch = FetchBatch();
-    absl::MutexLock l(&mu_);
-    prefetched_ = std::move(batch);
-    prefetch_ready_step_ = step;
-  }
-}
-
-void StepLoop::RequestBatch(int64_t step) {
-  absl::MutexLock l(&mu_);
-  prefetch_request_ = step;
-}
-
-absl::StatusOr<StepLoop::DeviceBuffers> StepLoop::TakeBatch(int64_t step) {
-  absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(this, &StepLoop::BatchReadyOrCancelled));
-  if (cancel_) return absl::CancelledError(absl::StrCat("cancelled before step ", step));
-  if (prefetch_ready_step_ != step) {
-    return absl::InternalError(absl::StrCat("prefetched batch ", prefetch_ready_step_,
-                                            ", expected ", step));
-  }
-  absl::StatusOr<DeviceBuffers> batch = std::move(*prefetched_);
-  prefetched_.reset();
-  prefetch_ready_step_ = 0;
-  return batch;
-}
-
-absl::StatusOr<StepLoop::DeviceBuffers> StepLoop::FetchBatch() {
-  const RunSpec& spec = config_.spec;
-  ASSIGN_OR_RETURN(std::vector<HostArray> arrays, config_.batches->Next());
-  if (arrays.size() != spec.batch_sharding.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the batch has ", arrays.size(),
-                                                   " arrays, the step takes ",
-                                                   spec.batch_sharding.size(), " batch inputs"));
-  }
-  const std::optional<runtime::ProgramSignature>& signature = batch_program_->signature();
-  auto input_name = [&](size_t a) {
-    return signature.has_value() ? signature->inputs[batch_offset_ + a].name
-                                 : absl::StrCat("batch input ", a);
-  };
-  for (size_t a = 0; a < arrays.size(); ++a) {
-    const HostArray& array = arrays[a];
-    if (array.shape.dtype == DType::kInvalid ||
-        static_cast<int64_t>(array.bytes.size()) != array.shape.ByteSize()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch array '", input_name(a), "' is ", runtime::ToString(array.shape), " with ",
-          array.bytes.size(), " bytes"));
-    }
-  }
-  DeviceBuffers out(devices_.size());
-  for (size_t d = 0; d < devices_.size(); ++d) {
-    for (size_t a = 0; a < arrays.size(); ++a) {
-      absl::StatusOr<HostArray> shard =
-          runtime::ShardOf(arrays[a], spec.batch_sharding[a], spec.mesh_axes, spec.mesh_shape,
-                           static_cast<int>(partitions_[d]));
-      if (!shard.ok()) {
-        return PrefixStatus(shard.status(), absl::StrCat("batch array '", input_name(a), "': "));
-      }
-      if (signature.has_value()) {
-        const ArrayShape& expected = signature->inputs[batch_offset_ + a].shape;
-        if (shard->shape != expected) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "batch array '", input_name(a), "' is ", runtime::ToString(arrays[a].shape),
-              ", whose shards are ", runtime::ToString(shard->shape), "; the ",
-              config_.grad != nullptr ? "grad program" : "step", " takes ",
-              runtime::ToString(expected), " per device"));
-        }
-      }
-      const absl::Time start = config_.clock->Now();
-      ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buffer,
-                       config_.runtime->ToDevice(*shard, devices_[d]));
-      metrics_->AddTime(kTransferToDeviceTime, config_.clock->Now() - start);
-      metrics_->AddBytes(kTransferToDeviceBytes, shard->shape.ByteSize());
-      out[d].push_back(std::move(buffer));
-    }
-  }
-  return out;
 }
 
 }  // namespace meshrun::worker

@@ -9,10 +9,19 @@
 //
 // Mode A steps are pipelined two deep: step s is launched on the state step s-1 is still
 // computing (the runtime orders them), and only then does the loop wait for step s-1, so the
-// devices do not idle while the host prepares a step. A logging step, a step after which a
-// checkpoint is due (or requested) and the last step are waited for before the next launch, so
-// telemetry, checkpoints and Cancel() from the sink see the state of exactly that step. A
-// failure is reported for the step that failed; a step launched after it is waited for and
+// devices do not idle while the host prepares a step. Logging steps pipeline too: step s's
+// telemetry outputs are not inputs of step s+1, so they are reduced and read after step s+1 was
+// launched, while it computes. A step after which a checkpoint is due (or requested, or the stop
+// after one) and the last step are waited for before the next launch, so a checkpoint sees the
+// state of exactly that step. (A telemetry output that is also a state output is read before the
+// next launch, since that step takes it.)
+// Cancel semantics: a Cancel() (or RequestCheckpoint) from the sink of step s may find step s+1
+// already launched, as under JAX's asynchronous dispatch: step s+1 then completes, its telemetry
+// (if a logging step) reaches the sink after step s's, and the loop ends with s+1 as its last
+// completed step. Nothing completed is dropped: every completed logging step's summary reaches
+// the sink, in step order, and LoopResult::last_completed_step is the last step that actually
+// completed. A checkpoint asked for from step s's sink is taken after step s+1.
+// A failure is reported for the step that failed; a step launched after it is waited for and
 // discarded. last_completed_step() counts steps known to be complete.
 //
 // Compile mode B (an MoE job, Config::grad and Config::apply instead of Config::step):
@@ -206,9 +215,9 @@ class StepLoop {
 
   // Starts the loop thread. Errors: FAILED_PRECONDITION when already started.
   absl::Status Start();
-  // Asks the loop to end; returns at once. Honoured before init and between steps (a step in
-  // flight completes; mode B: also between micro-steps): the outcome is kCancelled with the last
-  // completed step.
+  // Asks the loop to end; returns at once. Honoured before init and between steps (the steps in
+  // flight, up to two in mode A, complete; mode B: also between micro-steps): the outcome is
+  // kCancelled with the last completed step.
   void Cancel();
   // Asks for a checkpoint after the step in flight (or the next one to start); with `then_stop`
   // the loop ends cancelled right after it (a preempted host loses no step). Without
@@ -252,12 +261,17 @@ class StepLoop {
   };
   // Waits for `step`, then records it (StepDone) and counts it completed.
   absl::Status CompleteStep(InFlight& step);
-  // Whether the loop must wait for step `s` before launching the next: a logging step, or a
-  // checkpoint (or the stop after one) is due after it. Decides for good: once it returns, a
-  // checkpoint of step `s` can no longer be asked for (its state goes on to step s+1).
-  bool MustDrainAfter(int64_t s);
-  // After step `s` completed and its state is in state_: the checkpoint hook, when due.
-  void MaybeCheckpoint(int64_t s);
+  // What follows step `s`: its checkpoint, and the stop after it.
+  struct AfterStep {
+    bool checkpoint = false;  // run the checkpoint hook on step s's state
+    bool stop = false;        // then end the loop cancelled
+  };
+  // Decides, once per step and for good, what follows step `s` (consuming a RequestCheckpoint,
+  // or a RequestCheckpointAt(s)): once it returns, a checkpoint of step `s` can no longer be
+  // asked for, since its state goes on to step s+1.
+  AfterStep DecideAfterStep(int64_t s);
+  // After step `s` completed and its state is in state_: does what DecideAfterStep decided.
+  void FinishStep(int64_t s, AfterStep after);
   // After step `s`'s program ran (from `start`, launched at `launched`, having waited
   // `data_wait` for its batches): records its metrics and, on a logging step, emits its
   // telemetry. A telemetry error still counts the step completed.
@@ -284,6 +298,9 @@ class StepLoop {
   std::vector<int> devices_;          // the step's devices
   std::vector<int64_t> partitions_;   // mesh partition of each
   std::vector<int> telemetry_index_;  // step output index of each telemetry series
+  // Mode A: a telemetry series is a state output, which the next step takes (donated), so a
+  // logging step must be read before the next launch.
+  bool telemetry_reads_state_ = false;
   std::vector<int> donate_;           // mode B: apply's
   std::vector<int> grad_donate_;      // mode B: grad's accumulator inputs
   const runtime::Executable* batch_program_ = nullptr;  // step (mode B: grad)

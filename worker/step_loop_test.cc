@@ -195,6 +195,29 @@ StepLoop::Config LoopConfig(Runtime* runtime, const CompiledJob& job, RunSpec sp
   return config;
 }
 
+// Runs the job to the end, or until a Cancel() from the sink of step `cancel_at` (0: none)
+// ends it; the summaries go to `collected`.
+LoopResult RunCancellingAt(Runtime* runtime, const CompiledJob& job, RunSpec spec,
+                           int64_t cancel_at, Collected* collected) {
+  StepLoop* raw = nullptr;
+  StepLoop::Config config =
+      LoopConfig(runtime, job, std::move(spec),
+                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), collected);
+  config.sink = [&raw, cancel_at, collected](HostStepSummary summary) {
+    if (summary.step == cancel_at) raw->Cancel();
+    absl::MutexLock l(&collected->mu);
+    collected->summaries.push_back(std::move(summary));
+  };
+  auto loop = StepLoop::Create(std::move(config));
+  EXPECT_TRUE(loop.ok()) << loop.status();
+  if (!loop.ok()) return {LoopOutcome::kFailed, loop.status()};
+  raw = loop->get();
+  EXPECT_TRUE((*loop)->Start().ok());
+  const LoopResult result = (*loop)->Wait();
+  (*loop)->Stop();
+  return result;
+}
+
 float Relative(float got, float want) { return std::fabs(got - want) / std::fabs(want); }
 
 // ---- reference losses through the loop ----
@@ -332,33 +355,22 @@ TEST_F(StepLoopTest, ThresholdsBecomeFlags) {
 
 // ---- cancel, stop, failures ----
 
-TEST_F(StepLoopTest, CancelFromTheSinkStopsBeforeTheNextStep) {
+// Step 50's telemetry is read while step 51 runs (logging steps pipeline), so a cancel from its
+// sink ends the loop after step 51, which completes and is reported as the last step.
+TEST_F(StepLoopTest, CancelFromTheSinkEndsTheLoopAfterTheStepInFlight) {
   const CompiledJob& job = Job("mlp_classifier/dp1");
   ASSERT_NE(job.step, nullptr);
   Collected collected;
-  StepLoop* raw = nullptr;
-  StepLoop::Config config =
-      LoopConfig(runtime_, job, SpecFor(job.job, 1000, 10),
-                 std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
-  config.sink = [&raw, &collected](HostStepSummary summary) {
-    if (summary.step == 50) raw->Cancel();
-    absl::MutexLock l(&collected.mu);
-    collected.summaries.push_back(std::move(summary));
-  };
-  auto loop = StepLoop::Create(std::move(config));
-  ASSERT_TRUE(loop.ok()) << loop.status();
-  raw = loop->get();
-  ASSERT_TRUE((*loop)->Start().ok());
-  const LoopResult result = (*loop)->Wait();
+  const LoopResult result =
+      RunCancellingAt(runtime_, job, SpecFor(job.job, 1000, 10), 50, &collected);
   EXPECT_EQ(result.outcome, LoopOutcome::kCancelled);
-  EXPECT_EQ(result.last_completed_step, 50);
+  EXPECT_EQ(result.last_completed_step, 51);
   EXPECT_TRUE(result.error.ok());
-  (*loop)->Stop();
   absl::MutexLock l(&collected.mu);
   EXPECT_EQ(collected.summaries.size(), 5u);
   ASSERT_EQ(collected.done.size(), 1u);
   EXPECT_EQ(collected.done[0].outcome, LoopOutcome::kCancelled);
-  EXPECT_EQ(collected.done[0].last_completed_step, 50);
+  EXPECT_EQ(collected.done[0].last_completed_step, 51);
 }
 
 // A job-wide checkpoint: the loop saves at exactly the step asked for, then stops; a step it
@@ -529,6 +541,7 @@ class TracingRuntime final : public Runtime {
     return real_->ToDevice(array, device_index);
   }
   absl::StatusOr<HostArray> ToHost(const DeviceBuffer& buffer) override {
+    launches_at_read.push_back(step_launches.load());  // the loop thread reads telemetry
     return real_->ToHost(buffer);
   }
   absl::StatusOr<std::vector<std::vector<std::unique_ptr<DeviceBuffer>>>> Execute(
@@ -539,6 +552,13 @@ class TracingRuntime final : public Runtime {
     if (&executable == step && after_step) after_step();
     return outputs;
   }
+  // The default Launch: Execute above, complete at return. Counts the step's launches.
+  absl::StatusOr<runtime::LaunchedExecution> Launch(
+      const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
+      const runtime::ExecuteOptions& options) override {
+    if (&executable == step) ++step_launches;
+    return Runtime::Launch(executable, args, options);
+  }
   absl::StatusOr<runtime::MemoryStats> GetMemoryStats(absl::string_view name) override {
     return real_->GetMemoryStats(name);
   }
@@ -547,6 +567,8 @@ class TracingRuntime final : public Runtime {
   const Executable* step = nullptr;
   std::function<void()> before_step, after_step;
   std::atomic<int64_t> to_device_calls{0};
+  std::atomic<int64_t> step_launches{0};
+  std::vector<int64_t> launches_at_read;  // step launches when each ToHost began
 
  private:
   Runtime* real_;
@@ -582,6 +604,35 @@ TEST_F(StepLoopTest, NextBatchUploadIsIssuedBeforeTheStepsOutputsAreAwaited) {
   EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
   ASSERT_EQ(overlapped.size(), static_cast<size_t>(kSteps - 1));
   for (int k = 0; k < kSteps - 1; ++k) EXPECT_TRUE(overlapped[k]) << "step " << k + 1;
+}
+
+// At cadence 1 a logging step does not stall the pipeline: step s+1 is launched before step s's
+// telemetry is read, and every summary still reaches the sink, in order. A cancel from step 3's
+// sink ends the run after step 4, whose summary is delivered too.
+TEST_F(StepLoopTest, LoggingStepsLaunchTheNextStepBeforeTheirTelemetryIsRead) {
+  const CompiledJob& job = Job("mlp_classifier/dp8");
+  ASSERT_NE(job.step, nullptr);
+  for (const int64_t cancel_at : {int64_t{0}, int64_t{3}}) {
+    SCOPED_TRACE(cancel_at == 0 ? "full run" : "cancelled from step 3's sink");
+    constexpr int64_t kSteps = 6;
+    TracingRuntime tracing(runtime_);
+    tracing.step = job.step.get();
+    Collected collected;
+    const LoopResult result =
+        RunCancellingAt(&tracing, job, SpecFor(job.job, kSteps, 1), cancel_at, &collected);
+    const int64_t last = cancel_at == 0 ? kSteps : cancel_at + 1;
+    EXPECT_EQ(result.outcome, cancel_at == 0 ? LoopOutcome::kSucceeded : LoopOutcome::kCancelled)
+        << result.error;
+    EXPECT_EQ(result.last_completed_step, last);
+    // One telemetry read per step; step s's read began after step s+1's launch (the last
+    // step's, and a cancelled run's last, after no further launch).
+    std::vector<int64_t> want;
+    for (int64_t s = 1; s <= last; ++s) want.push_back(s < last ? s + 1 : last);
+    EXPECT_EQ(tracing.launches_at_read, want);
+    absl::MutexLock l(&collected.mu);
+    ASSERT_EQ(collected.summaries.size(), static_cast<size_t>(last));
+    for (int64_t s = 1; s <= last; ++s) EXPECT_EQ(collected.summaries[s - 1].step, s);
+  }
 }
 
 TEST_F(StepLoopTest, SlowBatchesOverlapSlowSteps) {

@@ -7,8 +7,11 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -315,8 +318,50 @@ namespace {
 
 using State = PjrtRuntime::State;
 
+// Freed PjrtBuffer objects, kept for reuse. Every output of every launch is a PjrtBuffer, made
+// and destroyed by the hundred per step (8 devices x 24 outputs for the example MLP), more than
+// glibc's per-thread cache holds (7 per size), so each went through malloc's slow path; reusing
+// them cut the loop thread's instructions per MLP step by ~9% (callgrind). Thread-safe; never
+// destroyed (buffers may be freed during exit).
+class BufferMemory {
+ public:
+  explicit BufferMemory(size_t size) : size_(size) { free_.reserve(kMaxFree); }
+  void* Allocate(size_t size) {
+    if (size == size_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        void* block = free_.back();
+        free_.pop_back();
+        return block;
+      }
+    }
+    return ::operator new(size);
+  }
+  void Free(void* block, size_t size) {
+    if (size == size_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.size() < kMaxFree) {
+        free_.push_back(block);  // never reallocates: reserved
+        return;
+      }
+    }
+    ::operator delete(block);
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 8192;  // ~1 MiB kept at most
+  const size_t size_;  // the one size kept
+  // std::mutex, not absl::Mutex: Debian's absl::Mutex::Lock cost ~180 instructions here
+  // (callgrind), more than the malloc it saves.
+  std::mutex mu_;
+  std::vector<void*> free_;  // guarded by mu_
+};
+
 class PjrtBuffer final : public DeviceBuffer {
  public:
+  static void* operator new(size_t size);  // from BufferMemory
+  static void operator delete(void* block, size_t size);
+
   PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
       : state_(std::move(state)), buffer_(buffer), own_shape_(std::move(shape)),
         shape_(&own_shape_), device_index_(device_index) {}
@@ -346,6 +391,14 @@ class PjrtBuffer final : public DeviceBuffer {
   const State* state() const { return state_.get(); }
   PJRT_Buffer* handle() const { return buffer_; }
 
+  // `buffer` as a PjrtBuffer, or null. PjrtBuffer is final, so comparing the dynamic type is
+  // exact, and cheaper than dynamic_cast (which Launch called once per input per step).
+  static const PjrtBuffer* Of(const DeviceBuffer* buffer) {
+    return buffer != nullptr && typeid(*buffer) == typeid(PjrtBuffer)
+               ? static_cast<const PjrtBuffer*>(buffer)
+               : nullptr;
+  }
+
  private:
   std::shared_ptr<State> state_;
   PJRT_Buffer* buffer_;
@@ -354,6 +407,13 @@ class PjrtBuffer final : public DeviceBuffer {
   const ArrayShape* shape_;  // own_shape_ or in shapes_
   int device_index_;
 };
+
+BufferMemory& PjrtBufferMemory() {
+  static BufferMemory* const memory = new BufferMemory(sizeof(PjrtBuffer));  // never destroyed
+  return *memory;
+}
+void* PjrtBuffer::operator new(size_t size) { return PjrtBufferMemory().Allocate(size); }
+void PjrtBuffer::operator delete(void* block, size_t size) { PjrtBufferMemory().Free(block, size); }
 
 class PjrtExecutable final : public Executable {
  public:
@@ -809,6 +869,14 @@ absl::StatusOr<HostArray> PjrtRuntime::ToHost(const DeviceBuffer& buffer) {
 
 namespace {
 
+// Launch's per-thread arrays (see there).
+struct LaunchScratch {
+  std::vector<PJRT_Buffer*> inputs;
+  std::vector<PJRT_Buffer* const*> input_lists;
+  std::vector<PJRT_Buffer*> outputs;
+  std::vector<PJRT_Buffer**> output_lists;
+};
+
 // One launched execution's per-device completion events, awaited once.
 class PjrtExecution final : public ExecutionEvent {
  public:
@@ -869,11 +937,18 @@ absl::StatusOr<LaunchedExecution> PjrtRuntime::Launch(
   const size_t num_devices = args.size();
   const size_t num_args = num_devices == 0 ? 0 : args[0].size();
   const size_t num_outputs = exe->num_outputs();
-  std::vector<PJRT_Buffer*> inputs(num_devices * num_args);
-  std::vector<PJRT_Buffer* const*> input_lists(num_devices);
+  // The flat argument and output arrays live in this thread's scratch, reused from launch to
+  // launch: at 8 devices x ~20 inputs they exceed 1 KiB, and glibc serves a request that size
+  // only after consolidating its fast bins, which the plugin's freed buffer objects fill each
+  // step (~11k instructions, 3%, per MLP step; callgrind).
+  thread_local LaunchScratch scratch;
+  std::vector<PJRT_Buffer*>& inputs = scratch.inputs;
+  std::vector<PJRT_Buffer* const*>& input_lists = scratch.input_lists;
+  inputs.assign(num_devices * num_args, nullptr);
+  input_lists.assign(num_devices, nullptr);
   for (size_t d = 0; d < num_devices; ++d) {
     for (size_t i = 0; i < num_args; ++i) {
-      const auto* pjrt_buffer = dynamic_cast<const PjrtBuffer*>(args[d][i]);
+      const PjrtBuffer* pjrt_buffer = PjrtBuffer::Of(args[d][i]);
       if (pjrt_buffer == nullptr || pjrt_buffer->state() != state_.get()) {
         return absl::InvalidArgumentError("an input buffer was not made by this runtime");
       }
@@ -883,8 +958,10 @@ absl::StatusOr<LaunchedExecution> PjrtRuntime::Launch(
   }
   const std::shared_ptr<const std::vector<int64_t>> keep =
       exe->NonDonated(options.donate_inputs, num_args);
-  std::vector<PJRT_Buffer*> outputs(num_devices * num_outputs);
-  std::vector<PJRT_Buffer**> output_lists(num_devices);
+  std::vector<PJRT_Buffer*>& outputs = scratch.outputs;
+  std::vector<PJRT_Buffer**>& output_lists = scratch.output_lists;
+  outputs.assign(num_devices * num_outputs, nullptr);
+  output_lists.assign(num_devices, nullptr);
   for (size_t d = 0; d < num_devices; ++d) output_lists[d] = outputs.data() + d * num_outputs;
   std::vector<PJRT_Event*> done(num_devices, nullptr);
 
