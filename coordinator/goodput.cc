@@ -15,7 +15,7 @@ double PhaseSeconds(const v1::JobManifest& job, const char* from, const char* to
 void StepTimes::Add(const v1::GlobalSummary& summary) {
   absl::MutexLock lock(&mu_);
   StepTiming& t = jobs_[summary.job_id()];
-  std::map<int64_t, double>& steps = steps_[summary.job_id()];
+  std::map<int64_t, Sample>& steps = steps_[summary.job_id()];
   const absl::Time wall = absl::FromUnixMicros(summary.wall_time_unix_micros());
   bool rewound = false;
   if (!steps.empty() && summary.step() <= t.last_step) {
@@ -25,7 +25,8 @@ void StepTimes::Add(const v1::GlobalSummary& summary) {
     const int64_t lost = t.last_step - summary.step() + 1;
     t.rerun_seconds += mean * static_cast<double>(lost);
     for (auto it = steps.lower_bound(summary.step()); it != steps.end();) {
-      t.sampled_seconds -= it->second;
+      t.sampled_seconds -= it->second.step_seconds;
+      t.sampled_data_wait -= it->second.data_wait_seconds;
       --t.samples;
       it = steps.erase(it);
     }
@@ -36,10 +37,13 @@ void StepTimes::Add(const v1::GlobalSummary& summary) {
     t.first_step_wall = wall;
     t.first_step_seconds = summary.step_time_seconds();
   }
-  steps[summary.step()] = summary.step_time_seconds();
+  // A wait longer than the step is a malformed summary: it counts as the whole step.
+  const double data_wait = std::min(summary.data_wait_seconds(), summary.step_time_seconds());
+  steps[summary.step()] = {summary.step_time_seconds(), data_wait};
   histograms_.try_emplace(summary.job_id(), telemetry::StepTimeBuckets())
       .first->second.Observe(summary.step_time_seconds());
   t.sampled_seconds += summary.step_time_seconds();
+  t.sampled_data_wait += data_wait;
   ++t.samples;
   t.last_step = std::max(t.last_step, summary.step());
 }
@@ -84,6 +88,7 @@ v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timi
   const char* startup = job.restored_step() > 0 ? "restore" : "init";
   badput[startup] = 0;
   badput["rerun_steps"] = 0;
+  badput["data_wait"] = 0;
   double productive = 0;
   if (timing != nullptr && timing->samples > 0) {
     const double mean = timing->sampled_seconds / static_cast<double>(timing->samples);
@@ -93,7 +98,11 @@ v1::JobGoodput ComputeGoodput(const v1::JobManifest& job, const StepTiming* timi
     const int64_t first_base =
         job.attempts_size() > 0 ? std::max<int64_t>(job.attempts(0).start_step(), 0) : base;
     const int64_t kept = std::max<int64_t>(timing->last_step - first_base, 0);
-    productive = mean * static_cast<double>(kept);
+    // Waiting for batches is part of each step's time but not productive.
+    const double mean_wait =
+        timing->sampled_data_wait / static_cast<double>(timing->samples);
+    productive = (mean - mean_wait) * static_cast<double>(kept);
+    badput["data_wait"] = mean_wait * static_cast<double>(kept);
     badput["rerun_steps"] = timing->rerun_seconds;
     // Running until the first step started: init, or the checkpoint's restore.
     auto running = job.state_entered_unix_micros().find("RUNNING");

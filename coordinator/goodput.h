@@ -7,7 +7,8 @@
 // Steps between two summaries (cadence > 1) are counted at the mean step time of the summaries
 // seen. A summary for a step at or below one already seen is a rewind (a job restored from a
 // checkpoint and re-running steps): the steps it re-runs are badput "rerun_steps", each step
-// counts once in productive time.
+// counts once in productive time. The part of the steps' time spent waiting for batches
+// (GlobalSummary.data_wait_seconds, sampled the same way) is badput "data_wait".
 //
 // A job restarted automatically (JobManifest.attempts) adds up its runs: each ended run's
 // waiting, compile and transfer as JobAttempt.badput_seconds kept them, the current run's from
@@ -46,6 +47,7 @@ struct StepTiming {
   int64_t last_step = 0;             // the newest step summarized
   int64_t samples = 0;               // summaries kept (one per summarized step)
   double sampled_seconds = 0;        // their step times
+  double sampled_data_wait = 0;      // the part of them spent waiting for batches
   double rerun_seconds = 0;          // step time spent on steps a rewind discarded
 };
 
@@ -63,9 +65,13 @@ class StepTimes {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, StepTiming> jobs_ ABSL_GUARDED_BY(mu_);
+  struct Sample {
+    double step_seconds = 0;
+    double data_wait_seconds = 0;
+  };
   // Per job, the summarized steps' times since the last rewind (so a rewind knows what it
   // discards).
-  std::map<std::string, std::map<int64_t, double>> steps_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<int64_t, Sample>> steps_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, telemetry::Histogram> histograms_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -73,6 +73,29 @@ TEST(GoodputTest, CadenceAndRewind) {
   EXPECT_NEAR(g.ratio(), 20.0 / 60.0, 1e-12);
 }
 
+TEST(GoodputTest, DataWaitIsBadputNotProductive) {
+  StepTimes times;
+  // 10 steps of 1 s, each waiting 0.25 s for its batch; step 5's wait is dropped by a rewind to
+  // step 5 whose re-run waits 0.5 s. A wait past its step counts as the whole step.
+  for (int s = 1; s <= 5; ++s) {
+    v1::GlobalSummary summary = Summary(s, 1.0, 8.0 + s);
+    summary.set_data_wait_seconds(0.25);
+    times.Add(summary);
+  }
+  for (int s = 5; s <= 10; ++s) {
+    v1::GlobalSummary summary = Summary(s, 1.0, 9.0 + s);
+    summary.set_data_wait_seconds(s == 5 ? 0.5 : s == 10 ? 7.0 : 0.25);
+    times.Add(summary);
+  }
+  v1::JobManifest job = Job();
+  FillGoodput(times, absl::Now(), &job);
+  const v1::JobGoodput& g = job.goodput();
+  // Waits: 4 x 0.25 + 0.5 + 4 x 0.25 + 1.0 (capped) = 3.5 over 10 steps of 1 s.
+  EXPECT_NEAR(g.badput_seconds().at("data_wait"), 3.5, 1e-9);
+  EXPECT_NEAR(g.productive_seconds(), 6.5, 1e-9);
+  EXPECT_NEAR(g.ratio(), 6.5 / 20, 1e-9);
+}
+
 TEST(GoodputTest, ResumedJobCountsFromItsRestoredStep) {
   StepTimes times;
   for (int s = 101; s <= 110; ++s) times.Add(Summary(s, 1.0, 10.0 + (s - 100)));

@@ -94,6 +94,7 @@ v1::HostSummary ToProto(const worker::HostStepSummary& summary) {
     value->set_threshold_exceeded(v.threshold_exceeded);
   }
   out.set_step_time_seconds(absl::ToDoubleSeconds(summary.step_time));
+  out.set_data_wait_seconds(absl::ToDoubleSeconds(summary.data_wait));
   out.set_wall_time_unix_micros(absl::ToUnixMicros(summary.wall_time));
   out.set_synthetic_data(summary.synthetic_data);
   return out;

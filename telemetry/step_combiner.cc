@@ -127,10 +127,12 @@ absl::Status StepCombiner::Validate(const Job& job, const v1::HostSummary& summa
         "replica_count ", summary.replica_count(), " of host ", summary.host(),
         " differs from the job's ", replicas));
   }
-  if (!std::isfinite(summary.step_time_seconds()) || summary.step_time_seconds() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("step_time_seconds ",
-                                                   summary.step_time_seconds(), " of host ",
-                                                   summary.host(), " must be finite and >= 0"));
+  for (const auto& [field, seconds] : {std::pair{"step_time_seconds", summary.step_time_seconds()},
+                                        std::pair{"data_wait_seconds", summary.data_wait_seconds()}}) {
+    if (!std::isfinite(seconds) || seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " ", seconds, " of host ",
+                                                     summary.host(), " must be finite and >= 0"));
+    }
   }
   std::vector<bool> seen(job.series.size(), false);
   for (int i = 0; i < summary.values_size(); ++i) {
@@ -299,15 +301,17 @@ void StepCombiner::EmitLocked(const std::string& job_id, Job& job, int64_t step,
     }
   }
   global.set_partial(global.missing_hosts_size() > 0);
-  double step_time = 0;
+  double step_time = 0, data_wait = 0;
   int64_t wall_time = 0;
   bool synthetic = false;
   for (const auto& [host, summary] : pending.by_host) {
     step_time = std::max(step_time, summary.step_time_seconds());
+    data_wait = std::max(data_wait, summary.data_wait_seconds());
     wall_time = std::max(wall_time, summary.wall_time_unix_micros());
     synthetic = synthetic || summary.synthetic_data();
   }
   global.set_step_time_seconds(step_time);
+  global.set_data_wait_seconds(data_wait);
   global.set_wall_time_unix_micros(wall_time);
   global.set_synthetic_data(synthetic);
   for (const Series& series : job.series) {

@@ -18,8 +18,8 @@
 // worker replaying its buffer) is ignored too: the first copy wins.
 //
 // An emitted GlobalSummary carries: values in declaration order (declared shape, combined
-// values, threshold_exceeded = OR over the reporting hosts), step_time_seconds = max over the
-// reporting hosts, wall_time_unix_micros = max over them, synthetic_data = OR over them,
+// values, threshold_exceeded = OR over the reporting hosts), step_time_seconds and
+// data_wait_seconds = max over the reporting hosts, wall_time_unix_micros = max over them, synthetic_data = OR over them,
 // partial/missing_hosts (host order), and host_detail = every reporting host's summary in host
 // order. Readers strip host_detail unless asked for it (see HistoryStore::Read, WatchHub).
 //
@@ -111,7 +111,7 @@ class StepCombiner {
   // of UploadTelemetry), INVALID_ARGUMENT naming the field: step < 1, unknown host,
   // replica_count differing from the job's (0 means "as declared"), a series that is not
   // declared or appears twice, a declared series missing, a shape or value count that differs
-  // from the declaration, a negative or non-finite step_time_seconds.
+  // from the declaration, a negative or non-finite step_time_seconds or data_wait_seconds.
   absl::StatusOr<AddOutcome> Add(const v1::HostSummary& summary);
 
   // Emits every step whose grace has passed (and the complete steps queued behind them).

@@ -26,6 +26,7 @@ inline constexpr char kCompileTime[] = "CompileTime";            // timer
 inline constexpr char kLoadTime[] = "LoadTime";                  // timer (DeserializeAndLoad)
 inline constexpr char kExecuteTime[] = "ExecuteTime";            // timer (every Execute)
 inline constexpr char kStepTime[] = "StepTime";                  // timer (one training step)
+inline constexpr char kDataWaitTime[] = "DataWaitTime";  // timer (a step waiting for its batch)
 inline constexpr char kTransferToDeviceTime[] = "TransferToDeviceTime";      // timer
 inline constexpr char kTransferToDeviceBytes[] = "TransferToDeviceBytes";    // bytes; count = transfers
 inline constexpr char kTransferFromDeviceTime[] = "TransferFromDeviceTime";  // timer

@@ -404,6 +404,7 @@ absl::Status StepLoop::RunSteps() {
     }
     const absl::Time start = config_.clock->Now();
     absl::StatusOr<DeviceBuffers> batch = TakeBatch(s);
+    const absl::Duration data_wait = config_.clock->Now() - start;
     if (!batch.ok()) {
       RETURN_IF_ERROR(complete_pending());
       if (absl::IsCancelled(batch.status()) && cancelled()) return batch.status();
@@ -424,8 +425,8 @@ absl::Status StepLoop::RunSteps() {
       RETURN_IF_ERROR(complete_pending());
       return PrefixStatus(launch.status(), absl::StrCat("step ", s, ": "));
     }
-    InFlight current{s, start, launched, std::move(launch->outputs), *std::move(batch),
-                     std::move(launch->done)};
+    InFlight current{s,         start, launched, data_wait, std::move(launch->outputs),
+                     *std::move(batch), std::move(launch->done)};
     // Step s-1 is waited for only now that step s is queued behind it.
     if (absl::Status status = complete_pending(); !status.ok()) {
       current.done->Await().IgnoreError();  // it ran on the failed step's state
@@ -454,7 +455,7 @@ absl::Status StepLoop::CompleteStep(InFlight& step) {
     return PrefixStatus(status, absl::StrCat("step ", step.step, ": "));
   }
   step.batch.clear();
-  RETURN_IF_ERROR(StepDone(step.step, step.start, step.launched, step.outputs));
+  RETURN_IF_ERROR(StepDone(step.step, step.start, step.launched, step.data_wait, step.outputs));
   absl::MutexLock l(&mu_);
   last_completed_ = step.step;
   return absl::OkStatus();
@@ -508,14 +509,15 @@ absl::Status StepLoop::RequestCheckpointAt(int64_t step, bool then_stop) {
 }
 
 absl::Status StepLoop::StepDone(int64_t s, absl::Time start, absl::Time launched,
-                                const DeviceBuffers& outputs) {
+                                absl::Duration data_wait, const DeviceBuffers& outputs) {
   const absl::Time done = config_.clock->Now();
   metrics_->AddTime(kExecuteTime, done - launched);
   metrics_->AddTime(kStepTime, done - start);
+  metrics_->AddTime(kDataWaitTime, data_wait);
   metrics_->Increment(kSteps);
   if (!cadence_.IsLoggingStep(s)) return absl::OkStatus();
   // Reads the telemetry before the state moves on; nothing is donated in between.
-  absl::Status status = EmitTelemetry(s, done - start, outputs);
+  absl::Status status = EmitTelemetry(s, done - start, data_wait, outputs);
   if (status.ok()) return status;
   absl::MutexLock l(&mu_);
   last_completed_ = s;  // the step itself completed
@@ -523,12 +525,13 @@ absl::Status StepLoop::StepDone(int64_t s, absl::Time start, absl::Time launched
 }
 
 absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,
-                                     const DeviceBuffers& outputs) {
+                                     absl::Duration data_wait, const DeviceBuffers& outputs) {
   HostStepSummary summary{.job_id = config_.spec.job_id,
                           .step = step,
                           .host = config_.spec.host,
                           .replica_count = config_.spec.replica_count,
                           .step_time = step_time,
+                          .data_wait = data_wait,
                           .synthetic_data = config_.spec.synthetic_data};
   if (reducer_ != nullptr) {
     std::vector<std::vector<DeviceBuffer*>> per_device(devices_.size());

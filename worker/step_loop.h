@@ -138,6 +138,7 @@ struct HostStepSummary {
   // Wall time of this step: from the loop starting it (waiting for its batch included) until
   // its outputs were ready; the telemetry reduction is not included.
   absl::Duration step_time;
+  absl::Duration data_wait;  // part of step_time: waiting for the step's batch on device
   absl::Time wall_time;  // when the summary was made (Config::clock)
   bool synthetic_data = false;
 };
@@ -253,6 +254,7 @@ class StepLoop {
     int64_t step = 0;
     absl::Time start;     // the loop began the step (waiting for its batch included)
     absl::Time launched;
+    absl::Duration data_wait;  // in TakeBatch
     DeviceBuffers outputs;  // the state outputs move to state_ once the next step takes them
     DeviceBuffers batch;    // kept until the step completed
     std::unique_ptr<runtime::ExecutionEvent> done;
@@ -270,11 +272,12 @@ class StepLoop {
   AfterStep DecideAfterStep(int64_t s);
   // After step `s` completed and its state is in state_: does what DecideAfterStep decided.
   void FinishStep(int64_t s, AfterStep after);
-  // After step `s`'s program ran (from `start`, launched at `launched`): records its metrics and,
-  // on a logging step, emits its telemetry. A telemetry error still counts the step completed.
+  // After step `s`'s program ran (from `start`, launched at `launched`, having waited
+  // `data_wait` for its batches): records its metrics and, on a logging step, emits its
+  // telemetry. A telemetry error still counts the step completed.
   absl::Status StepDone(int64_t s, absl::Time start, absl::Time launched,
-                        const DeviceBuffers& outputs);
-  absl::Status EmitTelemetry(int64_t step, absl::Duration step_time,
+                        absl::Duration data_wait, const DeviceBuffers& outputs);
+  absl::Status EmitTelemetry(int64_t step, absl::Duration step_time, absl::Duration data_wait,
                              const DeviceBuffers& outputs);
   // The prefetch thread: uploads the batch of each requested step.
   void PrefetchMain();

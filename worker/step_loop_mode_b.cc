@@ -47,13 +47,16 @@ absl::Status StepLoop::RunModeBSteps() {
   }
   for (int64_t s = first; s <= spec.steps; ++s) {
     const absl::Time start = config_.clock->Now();
+    absl::Duration data_wait;
     for (int64_t m = 1; m <= micro; ++m) {
       if (cancelled()) {
         return absl::CancelledError(absl::StrCat("cancelled before step ", s, ", micro-step ", m));
       }
       const std::string where = absl::StrCat("step ", s, ", micro-step ", m);
       const int64_t index = (s - 1) * micro + m;
+      const absl::Time waiting = config_.clock->Now();
       absl::StatusOr<DeviceBuffers> batch = TakeBatch(index);
+      data_wait += config_.clock->Now() - waiting;
       if (!batch.ok()) {
         if (absl::IsCancelled(batch.status()) && cancelled()) return batch.status();
         return PrefixStatus(batch.status(), where + ": ");
@@ -88,7 +91,7 @@ absl::Status StepLoop::RunModeBSteps() {
     absl::StatusOr<DeviceBuffers> outputs =
         config_.runtime->Execute(*config_.apply, args, {.donate_inputs = donate_});
     if (!outputs.ok()) return PrefixStatus(outputs.status(), absl::StrCat("step ", s, " (apply): "));
-    RETURN_IF_ERROR(StepDone(s, start, launched, *outputs));
+    RETURN_IF_ERROR(StepDone(s, start, launched, data_wait, *outputs));
     for (size_t d = 0; d < devices_.size(); ++d) {
       for (int i = 0; i < num_state; ++i) state_[d][i] = std::move((*outputs)[d][i]);
       for (int i = 0; i < spec.num_grad_acc; ++i) {

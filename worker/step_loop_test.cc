@@ -254,6 +254,8 @@ TEST_P(ReferenceLoss, LossesAtCadenceOneMatchJax) {
     EXPECT_EQ(summary.replica_count, job.job.mesh_shape[0]);
     EXPECT_FALSE(summary.synthetic_data);
     EXPECT_GT(summary.step_time, absl::ZeroDuration());
+    EXPECT_GE(summary.data_wait, absl::ZeroDuration());
+    EXPECT_LE(summary.data_wait, summary.step_time);
     EXPECT_GT(summary.wall_time, absl::UnixEpoch());
     ASSERT_EQ(summary.values.size(), 3u);
     EXPECT_EQ(summary.values[0].name, "metrics.loss");
@@ -675,6 +677,30 @@ TEST_F(StepLoopTest, SlowBatchesOverlapSlowSteps) {
   }
   // Every batch but the first (prepared while init runs) is prepared during a step.
   EXPECT_GE(overlapped, kSteps - 1) << "of " << batch_times.size() << " batches";
+}
+
+TEST_F(StepLoopTest, StepsWaitingForSlowBatchesReportTheWait) {
+  const CompiledJob& job = Job("mlp_classifier/dp1");
+  ASSERT_NE(job.step, nullptr);
+  constexpr int kSteps = 8;
+  constexpr absl::Duration kDelay = absl::Milliseconds(60);  // far above the ~2 ms step
+  Collected collected;
+  auto loop = StepLoop::Create(LoopConfig(
+      runtime_, job, SpecFor(job.job, kSteps, 1),
+      std::make_unique<JobBatches>(job.job, JobBatches::Options{.delay = kDelay}), &collected));
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  ASSERT_TRUE((*loop)->Start().ok());
+  EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+  absl::MutexLock l(&collected.mu);
+  ASSERT_EQ(collected.summaries.size(), static_cast<size_t>(kSteps));
+  absl::Duration waited;
+  for (const HostStepSummary& summary : collected.summaries) {
+    EXPECT_LE(summary.data_wait, summary.step_time) << "step " << summary.step;
+    waited += summary.data_wait;
+  }
+  // Each batch after the first is asked for one step ahead, so the loop waits about
+  // kDelay minus a step each time: at least one batch's delay over the run, even when loaded.
+  EXPECT_GE(waited, kDelay) << "waited " << waited;
 }
 
 // ---- the reduction program across devices ----
