@@ -1,13 +1,8 @@
 #include "worker/runtime/pjrt/pjrt_runtime.h"
 
-#include <dlfcn.h>
-#include <sys/stat.h>
-
-#include <climits>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -15,279 +10,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "worker/runtime/hlo_signature.h"
+#include "worker/runtime/pjrt/pjrt_api.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 namespace meshrun::runtime {
-namespace {
 
-// True when the plugin's function table is long enough to hold `fn` and fills it. A plugin
-// built against an older header has a shorter table.
-#define PJRT_HAS(api, fn) \
-  (offsetof(PJRT_Api, fn) + sizeof(void*) <= (api)->struct_size && (api)->fn != nullptr)
-
-// Zeroed C API arguments whose struct_size is this header's size, so the plugin knows which
-// fields we know about.
-#define PJRT_ARGS(type, name) \
-  type name;                  \
-  std::memset(&name, 0, sizeof(name)); \
-  name.struct_size = type##_STRUCT_SIZE
-
-absl::Status ErrorToStatus(const PJRT_Api* api, PJRT_Error* error, absl::string_view call) {
-  if (error == nullptr) return absl::OkStatus();
-  PJRT_ARGS(PJRT_Error_Message_Args, message);
-  message.error = error;
-  api->PJRT_Error_Message(&message);
-  PJRT_ARGS(PJRT_Error_GetCode_Args, code);
-  code.error = error;
-  PJRT_Error* code_error = api->PJRT_Error_GetCode(&code);
-  // PJRT_Error_Code uses absl's numbering.
-  const auto status_code = code_error == nullptr ? static_cast<absl::StatusCode>(code.code)
-                                                 : absl::StatusCode::kUnknown;
-  absl::Status status(status_code, absl::StrCat(call, ": ",
-                                                absl::string_view(message.message,
-                                                                  message.message_size)));
-  PJRT_ARGS(PJRT_Error_Destroy_Args, destroy);
-  destroy.error = error;
-  api->PJRT_Error_Destroy(&destroy);
-  if (code_error != nullptr) {
-    destroy.error = code_error;
-    api->PJRT_Error_Destroy(&destroy);
-  }
-  return status;
-}
-
-#define PJRT_CALL(api, fn, args) ErrorToStatus((api), (api)->fn(&(args)), #fn)
-
-absl::Status AwaitEvent(const PJRT_Api* api, PJRT_Event* event, absl::string_view what) {
-  if (event == nullptr) return absl::OkStatus();
-  PJRT_ARGS(PJRT_Event_Await_Args, await);
-  await.event = event;
-  absl::Status status = ErrorToStatus(api, api->PJRT_Event_Await(&await), what);
-  PJRT_ARGS(PJRT_Event_Destroy_Args, destroy);
-  destroy.event = event;
-  api->PJRT_Event_Destroy(&destroy);
-  return status;
-}
-
-struct DTypeMapping {
-  DType dtype;
-  PJRT_Buffer_Type pjrt;
-};
-constexpr DTypeMapping kDTypeMappings[] = {
-    {DType::kPred, PJRT_Buffer_Type_PRED}, {DType::kS8, PJRT_Buffer_Type_S8},
-    {DType::kS16, PJRT_Buffer_Type_S16},   {DType::kS32, PJRT_Buffer_Type_S32},
-    {DType::kS64, PJRT_Buffer_Type_S64},   {DType::kU8, PJRT_Buffer_Type_U8},
-    {DType::kU16, PJRT_Buffer_Type_U16},   {DType::kU32, PJRT_Buffer_Type_U32},
-    {DType::kU64, PJRT_Buffer_Type_U64},   {DType::kF16, PJRT_Buffer_Type_F16},
-    {DType::kBF16, PJRT_Buffer_Type_BF16}, {DType::kF32, PJRT_Buffer_Type_F32},
-    {DType::kF64, PJRT_Buffer_Type_F64},
-};
-
-PJRT_Buffer_Type ToPjrt(DType dtype) {
-  for (const DTypeMapping& m : kDTypeMappings) {
-    if (m.dtype == dtype) return m.pjrt;
-  }
-  return PJRT_Buffer_Type_INVALID;
-}
-
-DType FromPjrt(PJRT_Buffer_Type type) {
-  for (const DTypeMapping& m : kDTypeMappings) {
-    if (m.pjrt == type) return m.dtype;
-  }
-  return DType::kInvalid;
-}
-
-std::string NamedValueToString(const PJRT_NamedValue& value) {
-  switch (value.type) {
-    case PJRT_NamedValue_kString:
-      return std::string(value.string_value, value.value_size);
-    case PJRT_NamedValue_kInt64:
-      return absl::StrCat(value.int64_value);
-    case PJRT_NamedValue_kInt64List:
-      return absl::StrCat(
-          "[",
-          absl::StrJoin(absl::MakeConstSpan(value.int64_array_value, value.value_size), ","),
-          "]");
-    case PJRT_NamedValue_kFloat:
-      return absl::StrCat(value.float_value);
-    case PJRT_NamedValue_kBool:
-      return value.bool_value ? "true" : "false";
-  }
-  return "?";
-}
-
-std::map<std::string, std::string> NamedValues(const PJRT_NamedValue* values, size_t n) {
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < n; ++i) {
-    out[std::string(values[i].name, values[i].name_size)] = NamedValueToString(values[i]);
-  }
-  return out;
-}
-
-// ---- plugins: loaded once per process and path, never unloaded ----
-
-struct Plugin {
-  std::string path;
-  const PJRT_Api* api = nullptr;
-  std::string sha256;
-  std::map<std::string, std::string> attributes;
-};
-
-// Functions meshrun cannot work without; everything else is checked with PJRT_HAS at use.
-#define PJRT_REQUIRED(fn) {offsetof(PJRT_Api, fn), #fn}
-constexpr std::pair<size_t, const char*> kRequired[] = {
-    PJRT_REQUIRED(PJRT_Error_Destroy),
-    PJRT_REQUIRED(PJRT_Error_Message),
-    PJRT_REQUIRED(PJRT_Error_GetCode),
-    PJRT_REQUIRED(PJRT_Event_Destroy),
-    PJRT_REQUIRED(PJRT_Event_Await),
-    PJRT_REQUIRED(PJRT_Client_Create),
-    PJRT_REQUIRED(PJRT_Client_Destroy),
-    PJRT_REQUIRED(PJRT_Client_PlatformName),
-    PJRT_REQUIRED(PJRT_Client_PlatformVersion),
-    PJRT_REQUIRED(PJRT_Client_Devices),
-    PJRT_REQUIRED(PJRT_Client_AddressableDevices),
-    PJRT_REQUIRED(PJRT_Client_Compile),
-    PJRT_REQUIRED(PJRT_Client_BufferFromHostBuffer),
-    PJRT_REQUIRED(PJRT_DeviceDescription_Id),
-    PJRT_REQUIRED(PJRT_DeviceDescription_ProcessIndex),
-    PJRT_REQUIRED(PJRT_DeviceDescription_Kind),
-    PJRT_REQUIRED(PJRT_DeviceDescription_Attributes),
-    PJRT_REQUIRED(PJRT_Device_GetDescription),
-    PJRT_REQUIRED(PJRT_Device_IsAddressable),
-    PJRT_REQUIRED(PJRT_Executable_Destroy),
-    PJRT_REQUIRED(PJRT_Executable_NumOutputs),
-    PJRT_REQUIRED(PJRT_LoadedExecutable_Destroy),
-    PJRT_REQUIRED(PJRT_LoadedExecutable_GetExecutable),
-    PJRT_REQUIRED(PJRT_LoadedExecutable_AddressableDevices),
-    PJRT_REQUIRED(PJRT_LoadedExecutable_Execute),
-    PJRT_REQUIRED(PJRT_Buffer_Destroy),
-    PJRT_REQUIRED(PJRT_Buffer_ElementType),
-    PJRT_REQUIRED(PJRT_Buffer_Dimensions),
-    PJRT_REQUIRED(PJRT_Buffer_IsDeleted),
-    PJRT_REQUIRED(PJRT_Buffer_ToHostBuffer),
-    PJRT_REQUIRED(PJRT_Buffer_ReadyEvent),
-};
-
-absl::StatusOr<std::unique_ptr<Plugin>> OpenPlugin(const std::string& path) {
-  auto plugin = std::make_unique<Plugin>();
-  plugin->path = path;
-  // RTLD_LOCAL: two plugins (or a plugin and JAX's own XLA) must not resolve each other's symbols.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot load PJRT plugin ", path, ": ", dlerror()));
-  }
-  using GetPjrtApiFn = const PJRT_Api* (*)();
-  auto get_api = reinterpret_cast<GetPjrtApiFn>(dlsym(handle, "GetPjrtApi"));
-  if (get_api == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is not a PJRT plugin: it exports no GetPjrtApi"));
-  }
-  const PJRT_Api* api = get_api();
-  if (api == nullptr) return absl::InternalError(absl::StrCat(path, ": GetPjrtApi returned null"));
-  const int major = api->pjrt_api_version.major_version;
-  const int minor = api->pjrt_api_version.minor_version;
-  if (major != PJRT_API_MAJOR) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PJRT plugin ", path, " implements C API ", major, ".", minor, ", meshrun was built with ",
-        PJRT_API_MAJOR, ".", PJRT_API_MINOR, ": the major versions must match"));
-  }
-  std::vector<std::string> missing;
-  for (const auto& [offset, name] : kRequired) {
-    const bool present = offset + sizeof(void*) <= api->struct_size &&
-                         *reinterpret_cast<void* const*>(
-                             reinterpret_cast<const char*>(api) + offset) != nullptr;
-    if (!present) missing.push_back(name);
-  }
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("PJRT plugin ", path, " (C API ", major, ".",
-                                                      minor, ") lacks ",
-                                                      absl::StrJoin(missing, ", ")));
-  }
-  plugin->api = api;
-  if (PJRT_HAS(api, PJRT_Plugin_Attributes)) {
-    PJRT_ARGS(PJRT_Plugin_Attributes_Args, attributes);
-    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Plugin_Attributes, attributes));
-    plugin->attributes = NamedValues(attributes.attributes, attributes.num_attributes);
-  }
-  if (PJRT_HAS(api, PJRT_Plugin_Initialize)) {
-    PJRT_ARGS(PJRT_Plugin_Initialize_Args, init);
-    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Plugin_Initialize, init));
-  }
-  ASSIGN_OR_RETURN(plugin->sha256, Sha256File(path));
-  return plugin;
-}
-
-absl::StatusOr<const Plugin*> LoadPlugin(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("no PJRT plugin path given");
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::NotFoundError(absl::StrCat(
-        "PJRT plugin not found: ", path,
-        " (scripts/setup.sh fetches the CPU plugin; on TPU hosts give libtpu.so's path)"));
-  }
-  char resolved[PATH_MAX];
-  const std::string key = realpath(path.c_str(), resolved) != nullptr ? resolved : path;
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* plugins = new std::map<std::string, std::unique_ptr<Plugin>>();
-  absl::MutexLock lock(&mu);
-  auto it = plugins->find(key);
-  if (it == plugins->end()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Plugin> plugin, OpenPlugin(path));
-    it = plugins->emplace(key, std::move(plugin)).first;
-  }
-  return it->second.get();
-}
-
-// ---- kv callbacks: the plugin's view of a KeyValueClient ----
-
-PJRT_Error* CallbackError(PJRT_CallbackError* make_error, const absl::Status& status) {
-  const std::string message(status.message());
-  return (*make_error)(static_cast<PJRT_Error_Code>(status.code()), message.data(),
-                       message.size());
-}
-
-void DeleteValue(char* value) { delete[] value; }
-
-char* CopyValue(const std::string& value) {
-  char* out = new char[value.size()];
-  std::memcpy(out, value.data(), value.size());
-  return out;
-}
-
-PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args) {
-  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
-  absl::StatusOr<std::string> value = kv->Get(absl::string_view(args->key, args->key_size),
-                                              absl::Milliseconds(args->timeout_in_ms));
-  if (!value.ok()) return CallbackError(args->callback_error, value.status());
-  args->value = CopyValue(*value);
-  args->value_size = value->size();
-  args->value_deleter_callback = DeleteValue;
-  return nullptr;
-}
-
-PJRT_Error* KvTryGet(PJRT_KeyValueTryGetCallback_Args* args) {
-  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
-  absl::StatusOr<std::string> value = kv->TryGet(absl::string_view(args->key, args->key_size));
-  if (!value.ok()) return CallbackError(args->callback_error, value.status());
-  args->value = CopyValue(*value);
-  args->value_size = value->size();
-  args->value_deleter_callback = DeleteValue;
-  return nullptr;
-}
-
-PJRT_Error* KvPut(PJRT_KeyValuePutCallback_Args* args) {
-  auto* kv = static_cast<KeyValueClient*>(args->user_arg);
-  absl::Status status = kv->Set(absl::string_view(args->key, args->key_size),
-                                absl::string_view(args->value, args->value_size));
-  return status.ok() ? nullptr : CallbackError(args->callback_error, status);
-}
-
-}  // namespace
+using pjrt::AwaitEvent;
+using pjrt::ErrorToStatus;
+using pjrt::FromPjrt;
+using pjrt::NamedValueToString;
+using pjrt::Plugin;
+using pjrt::ToPjrt;
 
 // ---- client state shared by the runtime, its executables and buffers ----
 
@@ -318,50 +53,8 @@ namespace {
 
 using State = PjrtRuntime::State;
 
-// Freed PjrtBuffer objects, kept for reuse. Every output of every launch is a PjrtBuffer, made
-// and destroyed by the hundred per step (8 devices x 24 outputs for the example MLP), more than
-// glibc's per-thread cache holds (7 per size), so each went through malloc's slow path; reusing
-// them cut the loop thread's instructions per MLP step by ~9% (callgrind). Thread-safe; never
-// destroyed (buffers may be freed during exit).
-class BufferMemory {
- public:
-  explicit BufferMemory(size_t size) : size_(size) { free_.reserve(kMaxFree); }
-  void* Allocate(size_t size) {
-    if (size == size_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        void* block = free_.back();
-        free_.pop_back();
-        return block;
-      }
-    }
-    return ::operator new(size);
-  }
-  void Free(void* block, size_t size) {
-    if (size == size_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (free_.size() < kMaxFree) {
-        free_.push_back(block);  // never reallocates: reserved
-        return;
-      }
-    }
-    ::operator delete(block);
-  }
-
- private:
-  static constexpr size_t kMaxFree = 8192;  // ~1 MiB kept at most
-  const size_t size_;  // the one size kept
-  // std::mutex, not absl::Mutex: Debian's absl::Mutex::Lock cost ~180 instructions here
-  // (callgrind), more than the malloc it saves.
-  std::mutex mu_;
-  std::vector<void*> free_;  // guarded by mu_
-};
-
 class PjrtBuffer final : public DeviceBuffer {
  public:
-  static void* operator new(size_t size);  // from BufferMemory
-  static void operator delete(void* block, size_t size);
-
   PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
       : state_(std::move(state)), buffer_(buffer), own_shape_(std::move(shape)),
         shape_(&own_shape_), device_index_(device_index) {}
@@ -407,13 +100,6 @@ class PjrtBuffer final : public DeviceBuffer {
   const ArrayShape* shape_;  // own_shape_ or in shapes_
   int device_index_;
 };
-
-BufferMemory& PjrtBufferMemory() {
-  static BufferMemory* const memory = new BufferMemory(sizeof(PjrtBuffer));  // never destroyed
-  return *memory;
-}
-void* PjrtBuffer::operator new(size_t size) { return PjrtBufferMemory().Allocate(size); }
-void PjrtBuffer::operator delete(void* block, size_t size) { PjrtBufferMemory().Free(block, size); }
 
 class PjrtExecutable final : public Executable {
  public:
@@ -642,7 +328,7 @@ PjrtRuntime::PjrtRuntime(std::shared_ptr<State> state) : state_(std::move(state)
 PjrtRuntime::~PjrtRuntime() = default;
 
 absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Create(const RuntimeConfig& config) {
-  ASSIGN_OR_RETURN(const Plugin* plugin, LoadPlugin(config.plugin_path));
+  ASSIGN_OR_RETURN(const Plugin* plugin, pjrt::LoadPlugin(config.plugin_path));
   const PJRT_Api* api = plugin->api;
   auto state = std::make_shared<State>();
   state->plugin = plugin;
@@ -681,11 +367,11 @@ absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Create(const RuntimeCo
   create.create_options = options.data();
   create.num_options = options.size();
   if (state->kv != nullptr) {
-    create.kv_get_callback = KvGet;
+    create.kv_get_callback = pjrt::KvGet;
     create.kv_get_user_arg = state->kv.get();
-    create.kv_put_callback = KvPut;
+    create.kv_put_callback = pjrt::KvPut;
     create.kv_put_user_arg = state->kv.get();
-    create.kv_try_get_callback = KvTryGet;
+    create.kv_try_get_callback = pjrt::KvTryGet;
     create.kv_try_get_user_arg = state->kv.get();
   }
   RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Client_Create, create));
