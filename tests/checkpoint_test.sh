@@ -112,7 +112,7 @@ if mkdir -p "$tmp/full_disk" && mount -t tmpfs -o size=16k tmpfs "$tmp/full_disk
   run "$mlp/dp8/job.json" disk_full --steps=10 --checkpoint_dir="$tmp/full_disk"
   grep -q "No space left on device" "$tmp/disk_full.txt" \
     || fail "the failed checkpoint is not in the manifest: $(cat "$tmp/disk_full.txt")"
-  cli metrics w8 | grep -A1 "Counter: CheckpointFailures" | grep -q "Value: [1-9]" \
+  grep -A1 "Counter: CheckpointFailures" <<<"$(cli metrics w8)" | grep -q "Value: [1-9]" \
     || fail "CheckpointFailures not counted"
 else
   disk_full_skipped=1
@@ -123,16 +123,16 @@ fi
 rm -rf "$ck"/*
 job=$(cli submit "$mlp/dp8/job.json" --steps=10000000 --cadence=100 --checkpoint_dir="$ck" \
   --checkpoint_every=100000000)
-for _ in $(seq 300); do cli --output=textproto get "$job" | grep -q "state: JOB_STATE_RUNNING" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q "state: JOB_STATE_RUNNING" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
 cli checkpoint "$job" >/dev/null || fail "meshrun checkpoint refused"
-for _ in $(seq 300); do cli --output=textproto get "$job" | grep -q "committed: true" && break; sleep 0.1; done
-cli --output=textproto get "$job" | grep -q "committed: true" || fail "meshrun checkpoint saved nothing"
+for _ in $(seq 300); do grep -q "committed: true" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
+grep -q "committed: true" <<<"$(cli --output=textproto get "$job")" || fail "meshrun checkpoint saved nothing"
 kill -TERM "$worker"
 for _ in $(seq 300); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$worker" 2>/dev/null && fail "the worker did not exit within 30 s of SIGTERM"
 # The preemption restarts the job; its only host is gone, so after --restart_wait it fails.
 for _ in $(seq 300); do
-  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_FAILED" && break
+  grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break
   sleep 0.1
 done
 cli get "$job" --output=json >"$tmp/preempted.json"

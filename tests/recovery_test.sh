@@ -71,7 +71,7 @@ truncate -s -4 "$chunk"
 kill -9 "${worker_pid[host-b]}"
 start_worker host-b 1
 for _ in $(seq 1200); do
-  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" <<<"$(cli --output=textproto get "$job")" && break
   sleep 0.1
 done
 cli --output=textproto get "$job" >"$tmp/recovered.txt"
@@ -123,7 +123,7 @@ for _ in $(seq 300); do kill -0 "${worker_pid[host-b]}" 2>/dev/null || break; sl
 kill -0 "${worker_pid[host-b]}" 2>/dev/null && fail "host-b did not exit within 30 s of SIGTERM"
 start_worker host-b 1
 for _ in $(seq 1200); do
-  cli --output=textproto get "$job" | grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" && break
+  grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" <<<"$(cli --output=textproto get "$job")" && break
   sleep 0.1
 done
 cli get "$job" --output=json >"$tmp/preempted.json"

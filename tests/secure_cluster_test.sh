@@ -33,8 +33,8 @@ wait_for "$tmp/insecure.log" "PLAINTEXT" || fail "--insecure gave no warning"
 wait_for "$tmp/insecure.log" "HTTP on port" || fail "no HTTP port"
 http=$(sed -n "s/.*HTTP on port \([0-9]*\).*/\1/p" "$tmp/insecure.log" | head -1)
 plain=$(sed -n "s/.*listening on port \([0-9]*\).*/\1/p" "$tmp/insecure.log" | head -1)
-curl -sf "http://127.0.0.1:$http/metrics" | grep -q "^meshrun_insecure_plaintext 1" || fail "/metrics does not flag --insecure"
-"$bin/meshrun" --coordinator="127.0.0.1:$plain" workers | grep -q PLAINTEXT || fail "workers does not flag --insecure"
+grep -q "^meshrun_insecure_plaintext 1" <<<"$(curl -sf "http://127.0.0.1:$http/metrics")" || fail "/metrics does not flag --insecure"
+grep -q PLAINTEXT <<<"$("$bin/meshrun" --coordinator="127.0.0.1:$plain" workers)" || fail "workers does not flag --insecure"
 # A worker serving plaintext beyond loopback is flagged too, per host; one on loopback is not.
 "$bin/meshrun-worker" --listen=0.0.0.0:0 --insecure --coordinator="127.0.0.1:$plain" --host=open-0 \
   --state_dir="$tmp/open-0" >"$tmp/open-0.log" 2>&1 &
@@ -238,7 +238,7 @@ grep -q "needs role admin" "$tmp/bad.txt" || fail "drain refusal: $(cat "$tmp/ba
 scli --token="$admin_token" drain worker-3 >"$tmp/drain.txt" 2>&1 || fail "drain: $(cat "$tmp/drain.txt")"
 for _ in $(seq 60); do kill -0 "$worker3_pid" 2>/dev/null || break; sleep 0.5; done
 kill -0 "$worker3_pid" 2>/dev/null && fail "worker-3 did not exit after the drain"
-scli --token="$admin_token" workers | grep "^worker-3 " | grep -q LEFT \
+grep "^worker-3 " <<<"$(scli --token="$admin_token" workers)" | grep -q LEFT \
   || fail "worker-3 is not LEFT: $(scli --token="$admin_token" workers)"
 
 # 5. A server with worker-1's certificate posing as the coordinator: the CLI, and the Python SDK,
