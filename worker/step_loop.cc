@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -207,10 +208,8 @@ absl::StatusOr<std::unique_ptr<StepLoop>> StepLoop::Create(Config config) {
   auto loop = std::unique_ptr<StepLoop>(new StepLoop(std::move(config), cadence));
   loop->devices_ = devices;
   loop->partitions_ = partitions;
-  for (int index : telemetry_index) {
-    loop->telemetry_reads_state_ =
-        loop->telemetry_reads_state_ || index < loop->config_.spec.num_state;
-  }
+  loop->telemetry_reads_state_ = absl::c_any_of(
+      telemetry_index, [&](int index) { return index < loop->config_.spec.num_state; });
   loop->telemetry_index_ = std::move(telemetry_index);
   const RunSpec& run = loop->config_.spec;
   const int num_acc = mode_b ? run.num_grad_acc : 0;
@@ -425,8 +424,13 @@ absl::Status StepLoop::RunSteps() {
       RETURN_IF_ERROR(complete_pending());
       return PrefixStatus(launch.status(), absl::StrCat("step ", s, ": "));
     }
-    InFlight current{s,         start, launched, data_wait, std::move(launch->outputs),
-                     *std::move(batch), std::move(launch->done)};
+    InFlight current{.step = s,
+                     .start = start,
+                     .launched = launched,
+                     .data_wait = data_wait,
+                     .outputs = std::move(launch->outputs),
+                     .batch = *std::move(batch),
+                     .done = std::move(launch->done)};
     // Step s-1 is waited for only now that step s is queued behind it.
     if (absl::Status status = complete_pending(); !status.ok()) {
       current.done->Await().IgnoreError();  // it ran on the failed step's state

@@ -136,10 +136,15 @@ PJRT_Error* CallbackError(PJRT_CallbackError* make_error, const absl::Status& st
 
 void DeleteValue(char* value) { delete[] value; }
 
-char* CopyValue(const std::string& value) {
-  char* out = new char[value.size()];
-  std::memcpy(out, value.data(), value.size());
-  return out;
+// Hands a get callback's value (a copy the plugin frees with DeleteValue) or its error back.
+template <typename Args>
+PJRT_Error* ReturnValue(Args* args, const absl::StatusOr<std::string>& value) {
+  if (!value.ok()) return CallbackError(args->callback_error, value.status());
+  args->value = new char[value->size()];
+  std::memcpy(args->value, value->data(), value->size());
+  args->value_size = value->size();
+  args->value_deleter_callback = DeleteValue;
+  return nullptr;
 }
 
 }  // namespace
@@ -235,23 +240,13 @@ absl::StatusOr<const Plugin*> LoadPlugin(const std::string& path) {
 
 PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args) {
   auto* kv = static_cast<KeyValueClient*>(args->user_arg);
-  absl::StatusOr<std::string> value = kv->Get(absl::string_view(args->key, args->key_size),
-                                              absl::Milliseconds(args->timeout_in_ms));
-  if (!value.ok()) return CallbackError(args->callback_error, value.status());
-  args->value = CopyValue(*value);
-  args->value_size = value->size();
-  args->value_deleter_callback = DeleteValue;
-  return nullptr;
+  return ReturnValue(args, kv->Get(absl::string_view(args->key, args->key_size),
+                                   absl::Milliseconds(args->timeout_in_ms)));
 }
 
 PJRT_Error* KvTryGet(PJRT_KeyValueTryGetCallback_Args* args) {
   auto* kv = static_cast<KeyValueClient*>(args->user_arg);
-  absl::StatusOr<std::string> value = kv->TryGet(absl::string_view(args->key, args->key_size));
-  if (!value.ok()) return CallbackError(args->callback_error, value.status());
-  args->value = CopyValue(*value);
-  args->value_size = value->size();
-  args->value_deleter_callback = DeleteValue;
-  return nullptr;
+  return ReturnValue(args, kv->TryGet(absl::string_view(args->key, args->key_size)));
 }
 
 PJRT_Error* KvPut(PJRT_KeyValuePutCallback_Args* args) {
