@@ -46,6 +46,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/store.h"
 #include "common/file_sync.h"
@@ -227,6 +228,7 @@ absl::StatusOr<std::vector<checkpoint::ArrayChunks>> ChunksOf(const std::string&
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   int64_t steps = 200, every = 100;
   int rounds = 2, write_rounds = 15;
   std::string dir = (fs::temp_directory_path() / "meshrun_checkpoint_bench").string();

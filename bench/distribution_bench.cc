@@ -44,6 +44,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "coordinator/executable_cache.h"
@@ -137,6 +138,7 @@ absl::Status ToBoth(const std::function<absl::Status(size_t)>& send) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   int64_t mib = 256;
   int rounds = 15;
   std::string parent = std::filesystem::temp_directory_path().string();

@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "services/cert_authority.h"
 #include "services/coordinator_server.h"
@@ -457,4 +458,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace meshrun::bench
 
-int main(int argc, char** argv) { return meshrun::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
+  return meshrun::bench::Main(argc, argv);
+}

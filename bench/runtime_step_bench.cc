@@ -36,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "worker/runtime/backends.h"
 #include "worker/runtime/example_job.h"
 #include "worker/runtime/pjrt/pjrt_runtime.h"
@@ -138,6 +139,7 @@ struct Model {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   bool quick = false;
   std::string mesh = "dp8";
   int rounds = 7, steps = 10, small_steps = 300;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "coordinator/job_validation.h"
 #include "client/job_bundle.h"
 #include "worker/runtime/backends.h"
@@ -30,6 +31,7 @@ using bench::Fail;
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int plan_rounds = quick ? 50 : 500;
   const int steps = quick ? 10 : 40;

@@ -50,6 +50,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "worker/runtime/backends.h"
 #include "worker/runtime/pjrt/pjrt_runtime.h"
 #include "worker/runtime/compile_options.h"
@@ -229,6 +230,7 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   std::string job_name = "mlp_classifier/dp8";
   // 1000 steps and 15 rounds (about 100 s): shorter runs leave round-to-round noise of a few
   // percent on this 2-core machine, more than the 1% the cadence-100 target resolves.

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bench/bench_support.h"
+#include "common/mutex_checks.h"
 #include "common/sha256.h"
 #include "worker/executable_store.h"
 #include "worker/runtime/backends.h"
@@ -113,6 +114,7 @@ struct Times {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::ConfigureMutexDeadlockDetection();
   std::string job_name = "transformer_lm/dp8";
   int rounds = 5;
   for (int i = 1; i < argc; ++i) {

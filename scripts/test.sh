@@ -24,7 +24,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 # fuzz (issue 16): every e2e and fault test against the ASan+UBSan binaries too, but
 # recovery_test, whose waits for training progress are bounded for the regular build
 # (docs/fuzzing.md). Leak checking is off there: the tests kill servers with SIGKILL on purpose.
-ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 MESHRUN_MUTEX_DEADLOCK_CHECK=1 \
   ctest --test-dir build-asan -L 'e2e|fault' -E '^recovery_test$' -j2 --output-on-failure
 echo "test: sanitizer run clean"
 

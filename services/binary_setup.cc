@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/mutex_checks.h"
 #include "services/server_support.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
@@ -36,6 +37,7 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
                                     char** argv) {
   program_name = program;
   command_line.assign(argv, argv + argc);
+  ConfigureMutexDeadlockDetection();
   BlockTerminationSignals();
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = IsMeshrunFlagFile;

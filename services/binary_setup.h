@@ -1,4 +1,5 @@
-// Start-up shared by the three binaries: blocks SIGTERM/SIGINT (they are awaited with
+// Start-up shared by the three binaries: turns abseil's mutex deadlock detector off
+// (common/mutex_checks.h), blocks SIGTERM/SIGINT (they are awaited with
 // WaitForTerminationSignal), parses flags with --help limited to meshrun's own, and sets up
 // logging from --log_level. Bad flags print one line naming the problem and exit 2.
 //

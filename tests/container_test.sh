@@ -17,12 +17,30 @@ bin="$build/services"
 source "$src/tests/cluster_lib.sh"
 command -v buildah >/dev/null || { echo "SKIP: buildah absent (scripts/setup.sh installs it)"; exit 77; }
 store=(--root "$tmp/storage" --runroot "$tmp/run" --storage-driver vfs)
-stop_containers() {
-  # The processes running inside the image (their root is under our storage), then buildah's.
-  local p
-  for p in /proc/[0-9]*; do
-    case "$(readlink "$p/root" 2>/dev/null)" in "$tmp/storage"/*) kill -9 "${p#/proc/}" 2>/dev/null || true ;; esac
+# Every process below the given pids. buildah's chroot isolation runs the image's command two
+# forks below `buildah run`, with its root in a directory of buildah's own, so only the process
+# tree tells which are ours (a root-directory match let them outlive the test).
+descendants() {
+  local -A parent=()
+  local stat fields ppid
+  for stat in /proc/[0-9]*/stat; do
+    read -r fields <"$stat" 2>/dev/null || continue
+    fields=${fields##*) }  # after "(command name)", which may hold spaces: state ppid ...
+    read -r _ ppid _ <<<"$fields"
+    parent[${stat//[!0-9]/}]=$ppid
   done
+  local queue=("$@") p child
+  while [ ${#queue[@]} -gt 0 ]; do
+    p=${queue[0]}
+    queue=("${queue[@]:1}")
+    for child in "${!parent[@]}"; do
+      if [ "${parent[$child]}" = "$p" ]; then echo "$child"; queue+=("$child"); fi
+    done
+  done
+}
+stop_containers() {
+  local p
+  for p in $(descendants "${pids[@]}"); do kill -9 "$p" 2>/dev/null || true; done
   buildah "${store[@]}" rm --all >/dev/null 2>&1 || true
   buildah "${store[@]}" rmi --all --force >/dev/null 2>&1 || true
   cleanup
