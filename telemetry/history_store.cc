@@ -3,28 +3,21 @@
 #include <sqlite3.h>
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
-#include <set>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "telemetry/history_sqlite.h"
 
 namespace meshrun::telemetry {
 
-void FilterValues(const std::set<std::string>& names,
-                  google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values) {
-  if (names.empty()) return;
-  values.erase(std::remove_if(values.begin(), values.end(),
-                              [&](const v1::TelemetryValue& value) {
-                                return names.count(value.name()) == 0;
-                              }),
-               values.end());
-}
-
 namespace {
+
+using history_internal::ParseRow;
+using history_internal::SqliteError;
+using history_internal::Stmt;
 
 constexpr int kSchemaVersion = 1;
 // host_index of a host summary known only from AppendHost (its order is not known yet).
@@ -78,158 +71,10 @@ CREATE TABLE IF NOT EXISTS forgotten_jobs(
   highest INTEGER NOT NULL);
 )sql";
 
-absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
-  const std::string message =
-      absl::StrCat("telemetry history: ", what, ": ", db != nullptr ? sqlite3_errmsg(db) : "",
-                   " (", sqlite3_errstr(rc), ")");
-  switch (rc & 0xff) {
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB: return absl::DataLossError(message);
-    case SQLITE_FULL: return absl::ResourceExhaustedError(message);
-    case SQLITE_CANTOPEN: return absl::UnavailableError(message);
-    default: return absl::InternalError(message);
-  }
-}
-
-using history_internal::CachedStatement;
-
-// One prepared statement: its own (finalized on destruction), or borrowed from the store's
-// cache (reset and given back on destruction).
-class Stmt {
- public:
-  static absl::StatusOr<Stmt> Prepare(sqlite3* db, const char* sql) {
-    sqlite3_stmt* stmt = nullptr;
-    const int rc = sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr);
-    if (rc != SQLITE_OK) return SqliteError(db, rc, absl::StrCat("prepare \"", sql, "\""));
-    return Stmt(db, stmt);
-  }
-  // The cached statement of `sql`, prepared on first use; its own one while the cached one
-  // is held by another Stmt.
-  static absl::StatusOr<Stmt> Cached(sqlite3* db, std::map<std::string, CachedStatement>& cache,
-                                     const char* sql) {
-    CachedStatement& entry = cache[sql];
-    if (entry.in_use) return Prepare(db, sql);
-    if (entry.stmt == nullptr) {
-      const int rc =
-          sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &entry.stmt, nullptr);
-      if (rc != SQLITE_OK) {
-        cache.erase(sql);
-        return SqliteError(db, rc, absl::StrCat("prepare \"", sql, "\""));
-      }
-    }
-    entry.in_use = true;
-    Stmt stmt(db, entry.stmt);
-    stmt.cached_ = &entry;
-    return stmt;
-  }
-  Stmt(Stmt&& other) noexcept : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)),
-                                cached_(std::exchange(other.cached_, nullptr)),
-                                bind_rc_(other.bind_rc_) {}
-  Stmt& operator=(Stmt&&) = delete;
-  ~Stmt() {
-    if (stmt_ == nullptr) return;
-    if (cached_ == nullptr) {
-      sqlite3_finalize(stmt_);
-      return;
-    }
-    sqlite3_reset(stmt_);
-    sqlite3_clear_bindings(stmt_);
-    cached_->in_use = false;
-  }
-
-  Stmt& Bind(int index, int64_t value) {
-    Check(sqlite3_bind_int64(stmt_, index, value));
-    return *this;
-  }
-  Stmt& Bind(int index, const std::string& value) {
-    Check(sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
-                            SQLITE_TRANSIENT));
-    return *this;
-  }
-  Stmt& BindBlob(int index, const std::string& value) {
-    Check(sqlite3_bind_blob(stmt_, index, value.data(), static_cast<int>(value.size()),
-                            SQLITE_TRANSIENT));
-    return *this;
-  }
-  // NaN is stored as NULL (SQLite has no NaN).
-  Stmt& BindReal(int index, double value) {
-    Check(std::isnan(value) ? sqlite3_bind_null(stmt_, index)
-                            : sqlite3_bind_double(stmt_, index, value));
-    return *this;
-  }
-
-  // True when a row is available, false when done.
-  absl::StatusOr<bool> Step() {
-    if (bind_rc_ != SQLITE_OK) return SqliteError(db_, bind_rc_, "bind");
-    const int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return SqliteError(db_, rc, absl::StrCat("step \"", sqlite3_sql(stmt_), "\""));
-  }
-  absl::Status Run() {
-    ASSIGN_OR_RETURN(bool row, Step());
-    (void)row;
-    return absl::OkStatus();
-  }
-
-  void Reset() {
-    sqlite3_reset(stmt_);
-    sqlite3_clear_bindings(stmt_);
-    bind_rc_ = SQLITE_OK;
-  }
-
-  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  double Real(int col) const {
-    return sqlite3_column_type(stmt_, col) == SQLITE_NULL
-               ? std::numeric_limits<double>::quiet_NaN()
-               : sqlite3_column_double(stmt_, col);
-  }
-  std::string Text(int col) const {
-    const unsigned char* text = sqlite3_column_text(stmt_, col);
-    return text == nullptr ? std::string()
-                           : std::string(reinterpret_cast<const char*>(text),
-                                         static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
-  }
-  const void* Blob(int col) const { return sqlite3_column_blob(stmt_, col); }
-  int Bytes(int col) const { return sqlite3_column_bytes(stmt_, col); }
-
- private:
-  Stmt(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
-  void Check(int rc) {
-    if (rc != SQLITE_OK && bind_rc_ == SQLITE_OK) bind_rc_ = rc;
-  }
-
-  sqlite3* db_;
-  sqlite3_stmt* stmt_;
-  CachedStatement* cached_ = nullptr;
-  int bind_rc_ = SQLITE_OK;
-};
-
-template <typename Message>
-absl::Status ParseRow(const Stmt& stmt, int col, Message& out, absl::string_view what) {
-  if (!out.ParseFromArray(stmt.Blob(col), stmt.Bytes(col))) {
-    return absl::DataLossError(absl::StrCat("telemetry history: a stored ", what,
-                                            " does not parse"));
-  }
-  return absl::OkStatus();
-}
-
 int64_t Elements(const v1::TelemetryDeclaration& decl) {
   int64_t elements = 1;
   for (int64_t dim : decl.shape()) elements *= std::max<int64_t>(dim, 0);
   return elements;
-}
-
-bool Less(double a, double b) {  // NaN is never the minimum unless all are NaN
-  if (std::isnan(a)) return false;
-  if (std::isnan(b)) return true;
-  return a < b;
-}
-bool Greater(double a, double b) {  // NaN is the maximum
-  if (std::isnan(a)) return !std::isnan(b);
-  if (std::isnan(b)) return false;
-  return a > b;
 }
 
 }  // namespace
@@ -505,185 +350,9 @@ absl::StatusOr<int64_t> HistoryStore::AppendHost(const v1::HostSummary& summary)
   return persisted;
 }
 
-absl::StatusOr<std::vector<v1::GlobalSummary>> HistoryStore::Read(
-    const ReadRequest& request) const {
-  if (request.since_step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("since_step ", request.since_step, " is negative"));
-  }
-  if (request.limit < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("limit ", request.limit, " must be >= 1"));
-  }
-  absl::MutexLock l(&mu_);
-  ASSIGN_OR_RETURN(int64_t latest, LatestStepLocked(request.job_id));
-  if (request.since_step > latest + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "since_step ", request.since_step, " is beyond the latest step ", latest, " of job ",
-        request.job_id, "; use at most ", latest + 1));
-  }
-  const std::set<std::string> names(request.names.begin(), request.names.end());
-  if (!names.empty()) {
-    ASSIGN_OR_RETURN(auto series, SeriesLocked(request.job_id));
-    for (const std::string& name : names) {
-      if (series.count(name) == 0) {
-        return absl::NotFoundError(
-            absl::StrCat("series \"", name, "\" is not a series of job ", request.job_id));
-      }
-    }
-  }
-  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT summary FROM global_summaries WHERE "
-                                                 "job_id = ?1 AND step >= ?2 ORDER BY step "
-                                                 "LIMIT ?3"));
-  stmt.Bind(1, request.job_id).Bind(2, request.since_step).Bind(3, request.limit);
-  std::vector<v1::GlobalSummary> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    v1::GlobalSummary& summary = out.emplace_back();
-    RETURN_IF_ERROR(ParseRow(stmt, 0, summary, "global summary"));
-    FilterValues(names, *summary.mutable_values());
-  }
-  if (request.host_detail) {
-    ASSIGN_OR_RETURN(Stmt hosts, Stmt::Prepare(db_, "SELECT summary FROM host_summaries "
-                                                    "WHERE job_id = ?1 AND step = ?2 "
-                                                    "ORDER BY host_index, host"));
-    for (v1::GlobalSummary& summary : out) {
-      hosts.Reset();
-      hosts.Bind(1, request.job_id).Bind(2, summary.step());
-      while (true) {
-        ASSIGN_OR_RETURN(bool row, hosts.Step());
-        if (!row) break;
-        v1::HostSummary* host = summary.add_host_detail();
-        RETURN_IF_ERROR(ParseRow(hosts, 0, *host, "host summary"));
-        FilterValues(names, *host->mutable_values());
-      }
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<int64_t> HistoryStore::LatestStep(const std::string& job_id) const {
   absl::MutexLock l(&mu_);
   return LatestStepLocked(job_id);
-}
-
-absl::StatusOr<std::vector<HistoryStore::Point>> HistoryStore::ReadSeries(
-    const SeriesRequest& request) const {
-  if (request.max_points < 0 || (request.max_points > 0 && request.max_points < 4)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_points ", request.max_points, " must be 0 (every point) or >= 4"));
-  }
-  if (request.from_step > request.to_step) {
-    return absl::InvalidArgumentError(absl::StrCat("from_step ", request.from_step,
-                                                   " is after to_step ", request.to_step));
-  }
-  absl::MutexLock l(&mu_);
-  RETURN_IF_ERROR(JobExistsLocked(request.job_id));
-  ASSIGN_OR_RETURN(auto series, SeriesLocked(request.job_id));
-  auto it = series.find(request.name);
-  if (it == series.end()) {
-    return absl::NotFoundError(absl::StrCat("series \"", request.name,
-                                            "\" is not a series of job ", request.job_id));
-  }
-  if (request.element < 0 || request.element >= it->second) {
-    return absl::InvalidArgumentError(absl::StrCat("element ", request.element, " of series \"",
-                                                   request.name, "\" is outside its ",
-                                                   it->second, " elements"));
-  }
-  int64_t count = 0;
-  {
-    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT COUNT(*) FROM series_points WHERE "
-                                                   "job_id = ?1 AND name = ?2 AND element = ?3 "
-                                                   "AND step BETWEEN ?4 AND ?5"));
-    ASSIGN_OR_RETURN(bool row, stmt.Bind(1, request.job_id)
-                                   .Bind(2, request.name)
-                                   .Bind(3, request.element)
-                                   .Bind(4, request.from_step)
-                                   .Bind(5, request.to_step)
-                                   .Step());
-    if (row) count = stmt.Int(0);
-  }
-  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT step, value FROM series_points WHERE "
-                                                 "job_id = ?1 AND name = ?2 AND element = ?3 "
-                                                 "AND step BETWEEN ?4 AND ?5 ORDER BY step"));
-  stmt.Bind(1, request.job_id)
-      .Bind(2, request.name)
-      .Bind(3, request.element)
-      .Bind(4, request.from_step)
-      .Bind(5, request.to_step);
-  std::vector<Point> out;
-  const bool downsample = request.max_points > 0 && count > request.max_points;
-  if (!downsample) {
-    out.reserve(static_cast<size_t>(count));
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, stmt.Step());
-      if (!row) break;
-      out.push_back(Point{stmt.Int(0), stmt.Real(1)});
-    }
-    return out;
-  }
-  // First and last kept; the interior (indexes 1..count-2) split into `buckets` runs of
-  // consecutive points, each contributing its minimum and maximum in step order. count >
-  // max_points >= 2 + 2 * buckets, so every bucket holds at least two points.
-  const int64_t buckets = (request.max_points - 2) / 2;
-  const int64_t interior = count - 2;
-  out.reserve(static_cast<size_t>(2 + 2 * buckets));
-  auto bucket_of = [&](int64_t index) { return (index - 1) * buckets / interior; };
-  Point lo, hi;
-  int64_t current = -1;
-  auto flush = [&]() {
-    if (current < 0) return;
-    if (lo.step == hi.step) {
-      out.push_back(lo);
-    } else if (lo.step < hi.step) {
-      out.push_back(lo);
-      out.push_back(hi);
-    } else {
-      out.push_back(hi);
-      out.push_back(lo);
-    }
-  };
-  for (int64_t index = 0;; ++index) {
-    ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    const Point point{stmt.Int(0), stmt.Real(1)};
-    if (index == 0 || index == count - 1) {
-      if (index == count - 1) {
-        flush();
-        current = -1;
-      }
-      out.push_back(point);
-      continue;
-    }
-    const int64_t bucket = bucket_of(index);
-    if (bucket != current) {
-      flush();
-      current = bucket;
-      lo = hi = point;
-      continue;
-    }
-    if (Less(point.value, lo.value)) lo = point;
-    if (Greater(point.value, hi.value)) hi = point;
-  }
-  flush();  // nothing is left open unless the rows changed under us (they cannot: mu_ is held)
-  return out;
-}
-
-absl::StatusOr<std::vector<v1::HostSummary>> HistoryStore::ReadHostSummaries(
-    const std::string& job_id, int64_t after_step) const {
-  absl::MutexLock l(&mu_);
-  RETURN_IF_ERROR(JobExistsLocked(job_id));
-  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT summary FROM host_summaries WHERE "
-                                                 "job_id = ?1 AND step > ?2 "
-                                                 "ORDER BY step, host_index, host"));
-  stmt.Bind(1, job_id).Bind(2, after_step);
-  std::vector<v1::HostSummary> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    RETURN_IF_ERROR(ParseRow(stmt, 0, out.emplace_back(), "host summary"));
-  }
-  return out;
 }
 
 absl::StatusOr<int64_t> HistoryStore::PersistedThroughStep(const std::string& job_id,

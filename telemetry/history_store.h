@@ -1,6 +1,7 @@
 // The coordinator's telemetry history: a SQLite database (one file, WAL journal) of every
 // global summary, the host summaries they were combined from, and each series' values in a
-// narrow table for range queries.
+// narrow table for range queries. Implemented in history_store.cc (schema, writes, retention),
+// history_read.cc (reads), history_forget.cc (forgetting a job) and history_sqlite.h.
 //
 // Durability: a call that returns OK has committed its transaction. With the default
 // `synchronous_full` the commit is fsynced (survives power loss); with it off
