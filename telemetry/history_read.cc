@@ -14,6 +14,7 @@ namespace meshrun::telemetry {
 namespace {
 
 using history_internal::ParseRow;
+using history_internal::ParseRows;
 using history_internal::Stmt;
 
 bool Less(double a, double b) {  // NaN is never the minimum unless all are NaN
@@ -206,13 +207,7 @@ absl::StatusOr<std::vector<v1::HostSummary>> HistoryStore::ReadHostSummaries(
                                                  "job_id = ?1 AND step > ?2 "
                                                  "ORDER BY step, host_index, host"));
   stmt.Bind(1, job_id).Bind(2, after_step);
-  std::vector<v1::HostSummary> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    RETURN_IF_ERROR(ParseRow(stmt, 0, out.emplace_back(), "host summary"));
-  }
-  return out;
+  return ParseRows<v1::HostSummary>(stmt, "host summary");
 }
 
 }  // namespace meshrun::telemetry

@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -148,6 +149,17 @@ absl::Status ParseRow(const Stmt& stmt, int col, Message& out, absl::string_view
                                             " does not parse"));
   }
   return absl::OkStatus();
+}
+
+// Every remaining row's column 0 parsed into a Message. Errors: Step's; ParseRow's.
+template <typename Message>
+absl::StatusOr<std::vector<Message>> ParseRows(Stmt& stmt, absl::string_view what) {
+  std::vector<Message> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, stmt.Step());
+    if (!row) return out;
+    RETURN_IF_ERROR(ParseRow(stmt, 0, out.emplace_back(), what));
+  }
 }
 
 }  // namespace meshrun::telemetry::history_internal

@@ -15,7 +15,7 @@ namespace meshrun::telemetry {
 
 namespace {
 
-using history_internal::ParseRow;
+using history_internal::ParseRows;
 using history_internal::SqliteError;
 using history_internal::Stmt;
 
@@ -416,13 +416,7 @@ absl::StatusOr<std::vector<v1::TelemetryDeclaration>> HistoryStore::Series(
   ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT declaration FROM job_series WHERE "
                                                  "job_id = ?1 ORDER BY rowid"));
   stmt.Bind(1, job_id);
-  std::vector<v1::TelemetryDeclaration> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, stmt.Step());
-    if (!row) break;
-    RETURN_IF_ERROR(ParseRow(stmt, 0, out.emplace_back(), "series declaration"));
-  }
-  return out;
+  return ParseRows<v1::TelemetryDeclaration>(stmt, "series declaration");
 }
 
 absl::StatusOr<std::vector<HistoryStore::JobInfo>> HistoryStore::ListJobs() const {

@@ -19,9 +19,10 @@
 //
 // An emitted GlobalSummary carries: values in declaration order (declared shape, combined
 // values, threshold_exceeded = OR over the reporting hosts), step_time_seconds and
-// data_wait_seconds = max over the reporting hosts, wall_time_unix_micros = max over them, synthetic_data = OR over them,
-// partial/missing_hosts (host order), and host_detail = every reporting host's summary in host
-// order. Readers strip host_detail unless asked for it (see HistoryStore::Read, WatchHub).
+// data_wait_seconds = max over the reporting hosts, wall_time_unix_micros = max over them,
+// synthetic_data = OR over them, partial/missing_hosts (host order), and host_detail = every
+// reporting host's summary in host order. Readers strip host_detail unless asked for it (see
+// HistoryStore::Read, WatchHub).
 //
 // Delivery: emitted summaries go to Config::sink, one call at a time (never concurrently, even
 // across jobs), in increasing step order per job, without any combiner lock held. The thread
