@@ -140,8 +140,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     global.
     reference_steps > 0 also runs JAX itself on the batches (as the hosts would) and writes
     reference.json: backend, seed, steps, then the loss and each other scalar metric named in
-    `reference_series`, per step (test data; meshrun does not need it). compile_options_jax: a path recorded in job.json for
-    tests (JAX's own serialized CompileOptions); meshrun does not read it either.
+    `reference_series`, per step (test data; meshrun does not need it). compile_options_jax: a
+    path recorded in job.json for tests (JAX's own serialized CompileOptions); meshrun does not
+    read it either.
     keep_unused (mode A): the step keeps inputs it does not read (e.g. a batch array it reads
     only through extra_inputs); off by default, as it also keeps dead code in the program. The
     worker feeds every input the job declares, so a program that dropped one is refused, named.
