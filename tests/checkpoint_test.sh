@@ -123,18 +123,14 @@ fi
 rm -rf "$ck"/*
 job=$(cli submit "$mlp/dp8/job.json" --steps=10000000 --cadence=100 --checkpoint_dir="$ck" \
   --checkpoint_every=100000000)
-for _ in $(seq 300); do grep -q "state: JOB_STATE_RUNNING" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
+await_job "$job" "state: JOB_STATE_RUNNING" 300 || true
 cli checkpoint "$job" >/dev/null || fail "meshrun checkpoint refused"
-for _ in $(seq 300); do grep -q "committed: true" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
-grep -q "committed: true" <<<"$(cli --output=textproto get "$job")" || fail "meshrun checkpoint saved nothing"
+await_job "$job" "committed: true" 300 || fail "meshrun checkpoint saved nothing"
 kill -TERM "$worker"
 for _ in $(seq 300); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$worker" 2>/dev/null && fail "the worker did not exit within 30 s of SIGTERM"
 # The preemption restarts the job; its only host is gone, so after --restart_wait it fails.
-for _ in $(seq 300); do
-  grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break
-  sleep 0.1
-done
+await_job "$job" "state: JOB_STATE_FAILED" 300 || true
 cli get "$job" --output=json >"$tmp/preempted.json"
 newest=$(ls "$ck" | grep -v meshrun-tmp | sort -n | tail -1)
 # From the preempted run's own record: JobTable::Restart resets the job's last_step to the

@@ -17,6 +17,16 @@ await_coordinator() {
 # checkpoints, bundles a test writes) and, when `src` is set, the checkout's examples/.
 worker_data_root() { echo "--data_root=$tmp${src:+,$(cd "$src" && pwd)/examples}"; }
 cli() { "$bin/meshrun" --coordinator="127.0.0.1:$port" "$@"; }
+# Whether job $1's manifest (`meshrun get`) matches grep pattern $2. A here-string, not a pipe:
+# under pipefail, grep -q leaving at its first match SIGPIPEs the CLI and the match counts as
+# a miss.
+job_shows() { grep -q "$2" <<<"$(cli --output=textproto get "$1")"; }
+# Polls job_shows for job $1 and pattern $2: $3 tries $4 s apart (default 0.1), then once more.
+# Status 1 when it never matched.
+await_job() {
+  for _ in $(seq "$3"); do job_shows "$1" "$2" && return 0; sleep "${4:-0.1}"; done
+  job_shows "$1" "$2"
+}
 # A manifest field's value from `meshrun get` output on stdin.
 field() { sed -n "s/^$1: \"*\([^\"]*\)\"*$/\1/p" | head -1; }
 # Writes token shards of one real text (a file of Debian's fortunes) to $tmp/shards with

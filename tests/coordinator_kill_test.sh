@@ -83,12 +83,11 @@ next=$(cli submit "$bundle" --steps=1 --follow --wait=60s | field job_id)
 
 # 6. The coordinator and the worker die together while a job runs; the worker stays away.
 lost=$(cli submit "$bundle" --steps=1000000 --cadence=1000)
-for _ in $(seq 300); do grep -q "state: JOB_STATE_RUNNING" <<<"$(cli --output=textproto get "$lost")" && break; sleep 0.1; done
-grep -q "state: JOB_STATE_RUNNING" <<<"$(cli --output=textproto get "$lost")" || fail "$lost did not start"
+await_job "$lost" "state: JOB_STATE_RUNNING" 300 || fail "$lost did not start"
 kill -9 "$coordinator" "$worker"
 wait "$coordinator" "$worker" 2>/dev/null || true  # gone, its cache lock released
 start_coordinator "$port" 3 --heartbeat_timeout=1s
-for _ in $(seq 100); do grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$lost")" && break; sleep 0.1; done
+await_job "$lost" "state: JOB_STATE_FAILED" 100 || true
 cli --output=textproto get "$lost" >"$tmp/lost.txt"
 grep -q "error: \"worker worker-0 (incarnation .*) did not come back after the coordinator restarted\"" \
   "$tmp/lost.txt" || fail "$lost after a restart without its worker: $(cat "$tmp/lost.txt")"

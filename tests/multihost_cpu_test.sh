@@ -111,7 +111,7 @@ cli watch "$job" --since_step=1 >"$tmp/watch.txt" 2>&1 &
 pids+=($!)
 wait_for "$tmp/watch.txt" "^ *20 " || fail "the long job did not reach step 20"
 kill -9 "${worker_pid[host-b]}"
-for _ in $(seq 150); do grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
+await_job "$job" "state: JOB_STATE_FAILED" 150 || true
 cli --output=textproto get "$job" >"$tmp/killed.txt"
 grep -q "state: JOB_STATE_FAILED" "$tmp/killed.txt" || fail "not FAILED 15 s after host-b died"
 grep -q "host-b" <(grep "failed_host\|error" "$tmp/killed.txt") \

@@ -70,10 +70,7 @@ chunk=$(find "$tmp/60" -mindepth 2 -name '0*' -type f | sort | head -1)
 truncate -s -4 "$chunk"
 kill -9 "${worker_pid[host-b]}"
 start_worker host-b 1
-for _ in $(seq 1200); do
-  grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" <<<"$(cli --output=textproto get "$job")" && break
-  sleep 0.1
-done
+await_job "$job" "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" 1200 || true
 cli --output=textproto get "$job" >"$tmp/recovered.txt"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/recovered.txt" \
   || fail "the job did not recover: $(cat "$tmp/recovered.txt")"
@@ -122,10 +119,7 @@ kill -TERM "${worker_pid[host-b]}"
 for _ in $(seq 300); do kill -0 "${worker_pid[host-b]}" 2>/dev/null || break; sleep 0.1; done
 kill -0 "${worker_pid[host-b]}" 2>/dev/null && fail "host-b did not exit within 30 s of SIGTERM"
 start_worker host-b 1
-for _ in $(seq 1200); do
-  grep -q "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" <<<"$(cli --output=textproto get "$job")" && break
-  sleep 0.1
-done
+await_job "$job" "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" 1200 || true
 cli get "$job" --output=json >"$tmp/preempted.json"
 "$src/.venv/bin/python" - "$tmp/preempted.json" <<'PY' || fail "the preemption lost steps: $(cat "$tmp/preempted.json")"
 import json, sys

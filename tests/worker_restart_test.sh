@@ -34,8 +34,7 @@ for round in 2 3; do
   # Still ALIVE in the registry: a job sent now finds nobody at the address, and the
   # coordinator's channel to it starts backing off.
   dead=$(cli submit "$bundle" --steps=5 --cadence=5)
-  for _ in $(seq 100); do grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$dead")" && break; sleep 0.1; done
-  grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$dead")" || fail "job $dead to a dead worker did not fail"
+  await_job "$dead" "state: JOB_STATE_FAILED" 100 || fail "job $dead to a dead worker did not fail"
   start_worker "worker-$round" "127.0.0.1:$wport"
   cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job$round.txt" \
     || fail "job $round, after the restart at 127.0.0.1:$wport, did not succeed: $(cat "$tmp/job$round.txt")"

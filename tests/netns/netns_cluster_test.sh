@@ -91,7 +91,7 @@ wait_for "$tmp/watch2.txt" "^ *5 " || fail "job 2 did not reach step 5"
 netns_link coord down
 sleep 1
 netns_link coord up
-for _ in $(seq 1500); do grep -q "state: JOB_STATE_SUCCEEDED\|state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.2; done
+await_job "$job" "state: JOB_STATE_SUCCEEDED\|state: JOB_STATE_FAILED" 1500 0.2 || true
 cli --output=textproto get "$job" >"$tmp/cut.txt"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/cut.txt" || fail "job 2 after the coordinator cut: $(cat "$tmp/cut.txt")"
 cli export "$job" --format=csv --series=metrics.loss --out="$tmp/cut.csv" 2>/dev/null \
@@ -110,7 +110,7 @@ pids+=($!)
 wait_for "$tmp/watch3.txt" "^ *5 " || fail "job 3 did not reach step 5"
 netns_link host-b down
 cut_at=$(date +%s.%N)
-for _ in $(seq 200); do grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
+await_job "$job" "state: JOB_STATE_FAILED" 200 || true
 failed_at=$(date +%s.%N)
 cli --output=textproto get "$job" >"$tmp/partition.txt"
 grep -q "state: JOB_STATE_FAILED" "$tmp/partition.txt" \

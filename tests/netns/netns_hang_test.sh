@@ -53,7 +53,7 @@ sleep 2  # host-b catches up with host-a; the job steps normally again
 # 2. Hang.
 kill -STOP "${worker_pid[host-b]}"
 stopped_at=$(date +%s.%N)
-for _ in $(seq 300); do grep -q "state: JOB_STATE_FAILED" <<<"$(cli --output=textproto get "$job")" && break; sleep 0.1; done
+await_job "$job" "state: JOB_STATE_FAILED" 300 || true
 failed_at=$(date +%s.%N)
 cli --output=textproto get "$job" >"$tmp/hang.txt"
 grep -q "state: JOB_STATE_FAILED" "$tmp/hang.txt" || fail "not FAILED 30 s after host-b stopped"
