@@ -2,9 +2,11 @@
 //   meshrun   the coordinator's path: one host streams summaries with the worker's uploader
 //             (TelemetryUploader -> UploadTelemetry) into a real CoordinatorServer, which
 //             validates, combines, commits them to its SQLite history and fans them out through
-//             the watch hub to 500 WatchTelemetry streams.
-//   grpc      a bare gRPC server of the same service whose WatchTelemetry streams hold a queue
-//             of shared summaries each; the publisher hands every summary (the same messages)
+//             the watch hub to 500 WatchTelemetryBatches streams (a watcher that is behind gets
+//             what is queued for it in one message).
+//   grpc      a bare gRPC server of the same service whose WatchTelemetryBatches streams hold a
+//             queue of shared summaries each and write one summary per message, as a naive
+//             per-stream server does; the publisher hands every summary (the same messages)
 //             straight to the 500 streams.
 // Both are read by the same client code (tests/watch_fleet.h: callback readers on 4 channels)
 // and driven the same way: summaries are published as fast as the slowest watcher allows, at
@@ -59,13 +61,14 @@
 namespace meshrun::bench {
 namespace {
 
-// The baseline: WatchTelemetry streams fed directly from memory.
+// The baseline: WatchTelemetryBatches streams fed directly from memory, one summary per message
+// (each published summary is wrapped once, as a batch of one, and shared by every stream).
 class BareFanout final : public v1::Coordinator::CallbackService {
  public:
-  class Stream final : public grpc::ServerWriteReactor<v1::GlobalSummary> {
+  class Stream final : public grpc::ServerWriteReactor<v1::GlobalSummaryBatch> {
    public:
     explicit Stream(BareFanout* owner) : owner_(owner) {}
-    void Push(std::shared_ptr<const v1::GlobalSummary> summary) {
+    void Push(std::shared_ptr<const v1::GlobalSummaryBatch> summary) {
       absl::MutexLock lock(&mu_);
       if (finished_) return;
       queue_.push_back(std::move(summary));
@@ -103,14 +106,14 @@ class BareFanout final : public v1::Coordinator::CallbackService {
     }
     BareFanout* const owner_;
     absl::Mutex mu_;
-    std::deque<std::shared_ptr<const v1::GlobalSummary>> queue_ ABSL_GUARDED_BY(mu_);
-    std::shared_ptr<const v1::GlobalSummary> current_ ABSL_GUARDED_BY(mu_);
+    std::deque<std::shared_ptr<const v1::GlobalSummaryBatch>> queue_ ABSL_GUARDED_BY(mu_);
+    std::shared_ptr<const v1::GlobalSummaryBatch> current_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
     bool ending_ ABSL_GUARDED_BY(mu_) = false;
     bool finished_ ABSL_GUARDED_BY(mu_) = false;
   };
 
-  grpc::ServerWriteReactor<v1::GlobalSummary>* WatchTelemetry(
+  grpc::ServerWriteReactor<v1::GlobalSummaryBatch>* WatchTelemetryBatches(
       grpc::CallbackServerContext*, const v1::WatchTelemetryRequest*) override {
     auto* stream = new Stream(this);
     absl::MutexLock lock(&mu_);
@@ -121,7 +124,7 @@ class BareFanout final : public v1::Coordinator::CallbackService {
     absl::MutexLock lock(&mu_);
     return streams_.size();
   }
-  void Publish(const std::shared_ptr<const v1::GlobalSummary>& summary) {
+  void Publish(const std::shared_ptr<const v1::GlobalSummaryBatch>& summary) {
     absl::MutexLock lock(&mu_);
     for (Stream* stream : streams_) stream->Push(summary);
   }
@@ -143,6 +146,7 @@ struct Figures {
   double deliveries_per_second = 0;
   double cpu_micros_per_delivery = 0;  // whole process (server and clients): robust to load
   double p50_ms = 0, p99_ms = 0;
+  double summaries_per_message = 0;  // batching: 1 when every summary came alone
 };
 
 struct Options {
@@ -210,10 +214,13 @@ absl::StatusOr<Figures> Drive(const Options& options, test_support::WatchFleet& 
     }
   }
   const double deliveries = options.summaries * options.watchers;
+  int64_t messages = 0;
+  for (const auto& reader : fleet.readers()) messages += reader->messages;
   return Figures{.deliveries_per_second = deliveries / elapsed,
                  .cpu_micros_per_delivery = cpu * 1e6 / deliveries,
                  .p50_ms = fleet.LatencyPercentile(50) / 1e3,
-                 .p99_ms = fleet.LatencyPercentile(99) / 1e3};
+                 .p99_ms = fleet.LatencyPercentile(99) / 1e3,
+                 .summaries_per_message = deliveries / messages};
 }
 
 test_support::WatchFleet::Config FleetConfig(const Options& options, int port,
@@ -249,10 +256,11 @@ absl::StatusOr<Figures> RunGrpc(const Options& options) {
     figures = Drive(
         options, fleet,
         [&](int64_t step) {
-          auto summary = std::make_shared<v1::GlobalSummary>();
+          auto batch = std::make_shared<v1::GlobalSummaryBatch>();
+          v1::GlobalSummary* summary = batch->add_summaries();
           summary->set_job_id("bare");
           test_support::FillValues(*summary, step);
-          service.Publish(summary);
+          service.Publish(batch);
         },
         [&] { service.EndAll(); });
   }
@@ -327,7 +335,7 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
 absl::StatusOr<std::vector<double>> Compare(
     const Options& options, const std::string& title, const std::array<const char*, 2>& names,
     const std::function<absl::StatusOr<Figures>(int path, const std::string& dir)>& run) {
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2], ratios;
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2], batch[2], ratios;
   for (int round = 0; round < options.rounds; ++round) {
     for (int i = 0; i < 2; ++i) {
       const int path = (round + i) % 2;
@@ -344,6 +352,7 @@ absl::StatusOr<std::vector<double>> Compare(
       cpu[path].push_back(f->cpu_micros_per_delivery);
       p50[path].push_back(f->p50_ms);
       p99[path].push_back(f->p99_ms);
+      batch[path].push_back(f->summaries_per_message);
     }
     ratios.push_back(rate[1].back() / rate[0].back());
   }
@@ -352,9 +361,9 @@ absl::StatusOr<std::vector<double>> Compare(
               static_cast<long long>(options.window), options.rounds);
   for (int path = 0; path < 2; ++path) {
     std::printf("%-10s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
-                "latency p50 %7.2f ms  p99 %7.2f ms\n",
+                "latency p50 %7.2f ms  p99 %7.2f ms  %5.1f summaries/message\n",
                 names[path], Median(rate[path]), Median(rate[path]) / options.watchers,
-                Median(cpu[path]), Median(p50[path]), Median(p99[path]));
+                Median(cpu[path]), Median(p50[path]), Median(p99[path]), Median(batch[path]));
   }
   std::printf("per-round %s/%s deliveries/s %s\n", names[1], names[0], Spread(ratios).c_str());
   return ratios;
@@ -392,7 +401,7 @@ int Main(int argc, char** argv) {
   }
   // Rounds alternate which path goes first; figures are medians over rounds, and a round's
   // ratio compares the two runs of that round.
-  std::vector<double> rate[2], cpu[2], p50[2], p99[2], ratios;  // [0] grpc, [1] meshrun
+  std::vector<double> rate[2], cpu[2], p50[2], p99[2], batch[2], ratios;  // [0] grpc, [1] meshrun
   auto run = [&](const Options& o, int path, const std::string& tag) -> absl::StatusOr<Figures> {
     const std::string dir = std::filesystem::temp_directory_path() /
                             absl::StrCat("meshrun_fanout_bench_", getpid(), "_", tag);
@@ -412,6 +421,7 @@ int Main(int argc, char** argv) {
       cpu[path].push_back(f->cpu_micros_per_delivery);
       p50[path].push_back(f->p50_ms);
       p99[path].push_back(f->p99_ms);
+      batch[path].push_back(f->summaries_per_message);
     }
     ratios.push_back(rate[1].back() / rate[0].back());
     std::printf("round %d: grpc %.0f deliveries/s (cpu %.2f us), meshrun %.0f deliveries/s "
@@ -422,10 +432,10 @@ int Main(int argc, char** argv) {
   }
   for (int path = 0; path < 2; ++path) {
     std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
-                "latency p50 %7.2f ms  p99 %7.2f ms (medians)\n",
+                "latency p50 %7.2f ms  p99 %7.2f ms  %5.1f summaries/message (medians)\n",
                 path == 0 ? "grpc" : "meshrun", Median(rate[path]),
                 Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
-                Median(p99[path]));
+                Median(p99[path]), Median(batch[path]));
   }
   std::printf("deliveries/s: grpc %s\n", Spread(rate[0], 0).c_str());
   std::printf("deliveries/s: meshrun %s\n", Spread(rate[1], 0).c_str());

@@ -55,16 +55,15 @@ int Watch(const std::vector<std::string>& args) {
   request.set_since_step(absl::GetFlag(FLAGS_since_step));
   for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
   grpc::ClientContext context;  // a watch lasts as long as the job: no deadline
-  auto reader = stub->WatchTelemetry(&context, request);
-  v1::GlobalSummary summary;
+  auto reader = stub->WatchTelemetryBatches(&context, request);
   bool header = false;
   std::deque<float> first_series;
   const bool json = JsonOutput();
-  while (reader->Read(&summary)) {
+  const auto show = [&](const v1::GlobalSummary& summary) {
     if (json) {
       PrintJson(summary);
       std::fflush(stdout);
-      continue;
+      return;
     }
     if (summary.has_rewind()) {  // the job restarted: the steps after summary.step() come again
       const v1::JobRewind& r = summary.rewind();
@@ -73,7 +72,7 @@ int Watch(const std::vector<std::string>& args) {
                   r.attempt(), static_cast<long long>(summary.step()),
                   static_cast<long long>(r.steps_lost()), r.host().c_str(), r.cause().c_str());
       std::fflush(stdout);
-      continue;
+      return;
     }
     if (!header) {
       std::printf("%8s", "STEP");
@@ -101,6 +100,10 @@ int Watch(const std::vector<std::string>& args) {
                 summary.partial() ? "  partial, missing: " : "",
                 absl::StrJoin(summary.missing_hosts(), ",").c_str());
     std::fflush(stdout);
+  };
+  v1::GlobalSummaryBatch batch;
+  while (reader->Read(&batch)) {
+    for (const v1::GlobalSummary& summary : batch.summaries()) show(summary);
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) {
@@ -109,7 +112,7 @@ int Watch(const std::vector<std::string>& args) {
   return 0;
 }
 
-// Reads the job's history (WatchTelemetry, history only) and writes it in the chosen format.
+// Reads the job's history (WatchTelemetryBatches, history only) and writes it in the chosen format.
 // The output is created at the first summary, so a refused export leaves no file behind.
 int Export(const std::vector<std::string>& args) {
   if (args.size() != 3) {
@@ -146,7 +149,7 @@ int Export(const std::vector<std::string>& args) {
   for (const std::string& name : absl::GetFlag(FLAGS_series)) request.add_names(name);
   request.set_history_only(true);
   grpc::ClientContext context;  // long histories take as long as they take: no deadline
-  auto reader = stub->WatchTelemetry(&context, request);
+  auto reader = stub->WatchTelemetryBatches(&context, request);
   std::FILE* file = nullptr;
   auto write = [&](const std::string& bytes) {
     if (file == nullptr) {
@@ -169,17 +172,19 @@ int Export(const std::vector<std::string>& args) {
       ExitWithError(absl::StrCat("writing ", out, ": ", std::strerror(errno)), 1);
     }
   };
-  v1::GlobalSummary summary;
+  v1::GlobalSummaryBatch batch;
   int64_t steps = 0;
-  while (reader->Read(&summary)) {
-    switch (*format) {
-      case telemetry::ExportFormat::kCsv: write(telemetry::CsvRows(summary)); break;
-      case telemetry::ExportFormat::kJsonl: write(telemetry::JsonLine(summary)); break;
-      case telemetry::ExportFormat::kTensorBoard:
-        write(telemetry::TensorBoardRecord(summary));
-        break;
+  while (reader->Read(&batch)) {
+    for (const v1::GlobalSummary& summary : batch.summaries()) {
+      switch (*format) {
+        case telemetry::ExportFormat::kCsv: write(telemetry::CsvRows(summary)); break;
+        case telemetry::ExportFormat::kJsonl: write(telemetry::JsonLine(summary)); break;
+        case telemetry::ExportFormat::kTensorBoard:
+          write(telemetry::TensorBoardRecord(summary));
+          break;
+      }
+      ++steps;
     }
-    ++steps;
   }
   CheckCall(reader->Finish(), "export " + job);
   if (file == nullptr) write("");  // an empty history still gets a valid (empty) file

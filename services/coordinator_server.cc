@@ -117,10 +117,12 @@ class CoordinatorServer::UploadReactor final
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-// WatchTelemetry is registered raw: its reactor writes pre-serialized summaries (watch_stream.h).
+// The watch methods are registered raw: their reactors write pre-serialized summaries
+// (watch_stream.h).
 class CoordinatorServer::Service final
     : public v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
-          v1::Coordinator::CallbackService> {
+          v1::Coordinator::WithRawCallbackMethod_WatchTelemetryBatches<
+              v1::Coordinator::CallbackService>> {
  public:
   Service(CoordinatorRpcHandler* handler, const CoordinatorLimits& limits)
       : handler_(handler),
@@ -247,7 +249,13 @@ class CoordinatorServer::Service final
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
       grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire());
+    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire(),
+                            WatchFraming::kOnePerMessage);
+  }
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetryBatches(
+      grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
+    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire(),
+                            WatchFraming::kBatches);
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const v1::GetMetricsRequest* request,

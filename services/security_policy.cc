@@ -86,6 +86,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/GetJob", Role::kView},
       {"/meshrun.v1.Coordinator/ListJobs", Role::kView},
       {"/meshrun.v1.Coordinator/WatchTelemetry", Role::kView},
+      {"/meshrun.v1.Coordinator/WatchTelemetryBatches", Role::kView},
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
       {"/meshrun.v1.Coordinator/DrainWorker", Role::kAdmin},

@@ -1,6 +1,7 @@
 #include "services/watch_stream.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,13 +29,32 @@ grpc::ByteBuffer ToByteBuffer(const telemetry::Watcher::PopResult& item) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// Appends `item` to a GlobalSummaryBatch in its wire form: field 1 (length-delimited), the
+// length as a varint, then the summary's bytes (the shared ones when the hub has them).
+void AppendToBatch(const telemetry::Watcher::PopResult& item, std::string& batch) {
+  std::string own;
+  if (item.serialized == nullptr) own = item.summary->SerializeAsString();
+  const std::string& bytes = item.serialized != nullptr ? *item.serialized : own;
+  batch.push_back(static_cast<char>((1 << 3) | 2));
+  uint64_t size = bytes.size();
+  for (; size >= 0x80; size >>= 7) batch.push_back(static_cast<char>((size & 0x7f) | 0x80));
+  batch.push_back(static_cast<char>(size));
+  batch.append(bytes);
+}
+
+size_t SerializedSize(const telemetry::Watcher::PopResult& item) {
+  return item.serialized != nullptr ? item.serialized->size() : item.summary->ByteSizeLong();
+}
+
 // A dashboard's watch, one write in flight. Once the queue ran empty, the hub's notifier
 // thread wakes the reactor when more arrive; otherwise each OnWriteDone pulls the next on
-// gRPC's own threads.
+// gRPC's own threads. With WatchFraming::kBatches a write takes what is queued, up to the
+// batch limits.
 class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  WatchStream(std::shared_ptr<telemetry::Watcher> watcher, StreamSlots::Slot slot)
-      : watcher_(std::move(watcher)), slot_(std::move(slot)) {
+  WatchStream(std::shared_ptr<telemetry::Watcher> watcher, StreamSlots::Slot slot,
+              WatchFraming framing)
+      : watcher_(std::move(watcher)), slot_(std::move(slot)), framing_(framing) {
     watcher_->SetNotify([this] { Pump(); });
     Pump();
   }
@@ -59,38 +79,77 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
  private:
   void Pump() {
-    grpc::ByteBuffer* write = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
       if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      telemetry::Watcher::PopResult next = watcher_->TryPop();
-      switch (next.kind) {
-        case telemetry::Watcher::Kind::kItem:
-          out_ = ToByteBuffer(next);
-          writing_ = true;
-          write = &out_;
-          break;
-        case telemetry::Watcher::Kind::kEmpty:
-          return;
-        case telemetry::Watcher::Kind::kEnd:
-          return FinishLocked(ToGrpcStatus(next.status));
+      std::optional<absl::Status> end;
+      const bool write =
+          framing_ == WatchFraming::kBatches ? TakeBatchLocked(end) : TakeOneLocked(end);
+      if (!write) {
+        if (end.has_value()) FinishLocked(ToGrpcStatus(*end));
+        return;
       }
+      writing_ = true;
     }
     // Outside mu_ (gRPC takes its own locks): while writing_, nothing else touches out_ or
     // finishes the stream until OnWriteDone.
-    StartWrite(write);
+    StartWrite(&out_);
   }
+
+  // Each returns true with the next write in out_, or false: nothing now (the hub wakes us)
+  // or, with `end` set, the stream is over.
+  bool TakeOneLocked(std::optional<absl::Status>& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    telemetry::Watcher::PopResult next = watcher_->TryPop();
+    if (next.kind == telemetry::Watcher::Kind::kEnd) end = next.status;
+    if (next.kind != telemetry::Watcher::Kind::kItem) return false;
+    out_ = ToByteBuffer(next);
+    return true;
+  }
+  bool TakeBatchLocked(std::optional<absl::Status>& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string batch;
+    int count = 0;
+    if (held_.has_value()) {
+      AppendToBatch(*held_, batch);
+      held_.reset();
+      ++count;
+    }
+    while (count < kMaxBatchSummaries) {
+      telemetry::Watcher::PopResult next = watcher_->TryPop();
+      // The end after some items waits for the next Pump: TryPop keeps returning it.
+      if (next.kind == telemetry::Watcher::Kind::kEnd && count == 0) end = next.status;
+      if (next.kind != telemetry::Watcher::Kind::kItem) break;
+      if (count > 0 && batch.size() + SerializedSize(next) > kMaxBatchBytes) {
+        held_ = std::move(next);  // opens the next batch
+        break;
+      }
+      AppendToBatch(next, batch);
+      ++count;
+    }
+    if (count == 0) return false;
+    grpc::Slice slice(std::move(batch));
+    out_ = grpc::ByteBuffer(&slice, 1);
+    return true;
+  }
+
   void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(status);
   }
 
+  // The hub reads history 64 rows at a time: a batch costs at most two reads.
+  static constexpr int kMaxBatchSummaries = 64;
+  // Well under gRPC's default 4 MiB receive limit; a larger summary still goes, alone.
+  static constexpr size_t kMaxBatchBytes = 1 << 20;
+
   std::shared_ptr<telemetry::Watcher> watcher_;
   StreamSlots::Slot slot_;  // limits: counts this stream against --max_watch_streams
+  const WatchFraming framing_;
   absl::Mutex mu_;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  // Popped but past the batch's size: the first summary of the next batch.
+  std::optional<telemetry::Watcher::PopResult> held_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -107,7 +166,7 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<StreamSlots::Slot> slot) {
+    absl::StatusOr<StreamSlots::Slot> slot, WatchFraming framing) {
   if (!slot.ok()) return new Refusal(slot.status());
   v1::WatchTelemetryRequest parsed;
   std::vector<grpc::Slice> slices;
@@ -128,7 +187,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
                            .host_detail = parsed.host_detail(),
                            .history_only = parsed.history_only()});
   if (!watcher.ok()) return new Refusal(watcher.status());
-  return new WatchStream(std::move(*watcher), std::move(*slot));
+  return new WatchStream(std::move(*watcher), std::move(*slot), framing);
 }
 
 }  // namespace meshrun::services

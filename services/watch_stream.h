@@ -1,12 +1,15 @@
-// WatchTelemetry's server side on raw bytes (the method is registered as a raw callback
-// method): one reactor per watcher, fed from the watch hub's bounded per-watcher queue.
+// WatchTelemetry's and WatchTelemetryBatches' server side on raw bytes (the methods are
+// registered as raw callback methods): one reactor per watcher, fed from the watch hub's
+// bounded per-watcher queue.
 //
 // Each summary a watcher without a names filter receives is written as the bytes the hub
 // serialized once when it was published (telemetry::Watcher::PopResult::serialized), wrapped
 // in a grpc::Slice that shares them: a fan-out to N watchers serializes and copies nothing
-// per watcher. History rows and filtered summaries are serialized per watcher. (Writes carry
-// no buffer hint: a hinted write may wait for a later one to flush it, and a watcher with one
-// write in flight would then stall.)
+// per watcher. History rows and filtered summaries are serialized per watcher. A batched
+// stream frames what is queued for it as one GlobalSummaryBatch (the shared bytes copied once
+// into the message): a reader that is behind pays a share of one write per summary instead of
+// a whole write. (Writes carry no buffer hint: a hinted write may wait for a later one to flush
+// it, and a watcher with one write in flight would then stall.)
 //
 // Ordering, no gap / no duplicate and the slow-watcher policy are the hub's (watch_hub.h); the
 // stream ends with the watcher's end status (RESOURCE_EXHAUSTED names the step to resume from).
@@ -23,12 +26,17 @@
 
 namespace meshrun::services {
 
+enum class WatchFraming {
+  kOnePerMessage,  // WatchTelemetry: a GlobalSummary per message
+  kBatches,        // WatchTelemetryBatches: a GlobalSummaryBatch of what is queued
+};
+
 // Parses `request` (a WatchTelemetryRequest) and subscribes; a bad request or a refused
 // subscription ends the stream at once with the reason (INVALID_ARGUMENT unparsable request or
 // empty job_id; the hub's Subscribe errors; `slot`'s error: RESOURCE_EXHAUSTED past
 // --max_watch_streams). The stream holds `slot` until it ends.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<StreamSlots::Slot> slot);
+    absl::StatusOr<StreamSlots::Slot> slot, WatchFraming framing);
 
 }  // namespace meshrun::services

@@ -114,6 +114,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Coordinator/GetJob", Role::kView},
       {"/meshrun.v1.Coordinator/ListJobs", Role::kView},
       {"/meshrun.v1.Coordinator/WatchTelemetry", Role::kView},
+      {"/meshrun.v1.Coordinator/WatchTelemetryBatches", Role::kView},
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
       {"/meshrun.v1.Coordinator/SubmitJob", Role::kSubmit},

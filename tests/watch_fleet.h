@@ -1,6 +1,6 @@
-// Many WatchTelemetry readers of one job, on a few channels, with gRPC's callback API (no thread
-// per watcher): the telemetry load test and the fan-out benchmark read their servers with this
-// same client code, and publish the same summaries (FillValues).
+// Many WatchTelemetryBatches readers of one job, on a few channels, with gRPC's callback API (no
+// thread per watcher): the telemetry load test and the fan-out benchmark read their servers with
+// this same client code, and publish the same summaries (FillValues).
 //
 // Each reader checks that steps arrive consecutively (a gap, duplicate or reordering counts as
 // a break) and records the delivery latency of every summary: receive time minus the summary's
@@ -56,9 +56,10 @@ class WatchFleet {
     std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
   };
 
-  class Reader final : public grpc::ClientReadReactor<v1::GlobalSummary> {
+  class Reader final : public grpc::ClientReadReactor<v1::GlobalSummaryBatch> {
    public:
     std::atomic<int64_t> received{0};
+    int64_t messages = 0;  // stream messages read (a batch holds one summary or more)
     std::atomic<bool> ended{false};
     int64_t last_step = 0;
     int64_t breaks = 0;  // summaries that did not follow the previous step
@@ -71,18 +72,21 @@ class WatchFleet {
            size_t reserve)
         : fleet_(fleet) {
       latency_micros.reserve(reserve);
-      stub->async()->WatchTelemetry(&context_, &request, this);
+      stub->async()->WatchTelemetryBatches(&context_, &request, this);
       StartRead(&in_);
       StartCall();
     }
     void OnReadDone(bool ok) override {
       if (!ok) return;  // OnDone follows
       const int64_t now = absl::GetCurrentTimeNanos() / 1000;
-      latency_micros.push_back(
-          static_cast<uint32_t>(std::max<int64_t>(0, now - in_.wall_time_unix_micros())));
-      if (last_step != 0 && in_.step() != last_step + 1) ++breaks;
-      last_step = in_.step();
-      received.fetch_add(1, std::memory_order_release);
+      for (const v1::GlobalSummary& summary : in_.summaries()) {
+        latency_micros.push_back(
+            static_cast<uint32_t>(std::max<int64_t>(0, now - summary.wall_time_unix_micros())));
+        if (last_step != 0 && summary.step() != last_step + 1) ++breaks;
+        last_step = summary.step();
+      }
+      ++messages;
+      received.fetch_add(in_.summaries_size(), std::memory_order_release);
       StartRead(&in_);
     }
     void OnDone(const grpc::Status& s) override {
@@ -94,7 +98,7 @@ class WatchFleet {
 
     WatchFleet* const fleet_;
     grpc::ClientContext context_;
-    v1::GlobalSummary in_;
+    v1::GlobalSummaryBatch in_;
   };
 
   explicit WatchFleet(Config config) : config_(std::move(config)) {}

@@ -144,15 +144,17 @@ class Client:
             try:
                 # A stream lives as long as the job: no overall deadline, the reconnect handles
                 # a dead peer (gRPC keepalive-free channel ends with UNAVAILABLE).
-                for summary in self._stub.WatchTelemetry(request, metadata=self._metadata):
+                # Batches: a reader that is behind gets what is queued for it in one message.
+                for batch in self._stub.WatchTelemetryBatches(request, metadata=self._metadata):
                     failures = 0
-                    rewind = summary.HasField("rewind")
-                    # The server sends each step once per stream; after a reconnect it may
-                    # resend what this iterator already yielded. A rewind is always new.
-                    if summary.step < next_step and not rewind:
-                        continue
-                    next_step = summary.step + 1
-                    yield summary
+                    for summary in batch.summaries:
+                        rewind = summary.HasField("rewind")
+                        # The server sends each step once per stream; after a reconnect it may
+                        # resend what this iterator already yielded. A rewind is always new.
+                        if summary.step < next_step and not rewind:
+                            continue
+                        next_step = summary.step + 1
+                        yield summary
                 return
             except grpc.RpcError as e:
                 # A watcher that fell behind the live stream is closed by the coordinator; the

@@ -1,14 +1,14 @@
-"""Client.watch against an in-process coordinator servicer on loopback whose WatchTelemetry
-streams follow a script: a stream dropped mid-job (UNAVAILABLE) resumes from the step after the
-last one yielded, with no duplicate; a recovery restart's rewind event is yielded and the steps
-run again after it come through."""
+"""Client.watch against an in-process coordinator servicer on loopback whose
+WatchTelemetryBatches streams follow a script: a stream dropped mid-job (UNAVAILABLE) resumes
+from the step after the last one yielded, with no duplicate (also inside a batch); a recovery
+restart's rewind event is yielded and the steps run again after it come through."""
 from concurrent import futures
 
 import grpc
 import pytest
 
 import meshrun
-from meshrun.v1 import coordinator_pb2_grpc, telemetry_pb2
+from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, telemetry_pb2
 
 
 DROP = grpc.StatusCode.UNAVAILABLE
@@ -27,20 +27,30 @@ def rewind(step, attempt=2, steps_lost=2):
 
 class ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
     """Stream i sends scripts[i]: summaries, then the end or a grpc.StatusCode (or a (code,
-    message) pair) it fails with (UNAVAILABLE: a dropped stream)."""
+    message) pair) it fails with (UNAVAILABLE: a dropped stream). Summaries go in batches of
+    up to two, as a coordinator packs what a reader has not taken yet."""
 
     def __init__(self, scripts):
         self.scripts = list(scripts)
         self.since_steps = []
 
-    def WatchTelemetry(self, request, context):
+    def WatchTelemetryBatches(self, request, context):
         self.since_steps.append(request.since_step)
+        batch = coordinator_pb2.GlobalSummaryBatch()
         for item in self.scripts.pop(0):
+            if isinstance(item, telemetry_pb2.GlobalSummary):
+                batch.summaries.append(item)
+                if len(batch.summaries) < 2:
+                    continue
+            if batch.summaries:
+                yield batch
+                batch = coordinator_pb2.GlobalSummaryBatch()
             if isinstance(item, grpc.StatusCode):
                 context.abort(item, f"scripted {item.name}")
             if isinstance(item, tuple):
                 context.abort(*item)
-            yield item
+        if batch.summaries:
+            yield batch
 
 
 @pytest.fixture

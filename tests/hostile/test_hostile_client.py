@@ -183,10 +183,11 @@ def test_telemetry_for_nothing(cluster):
         summary = tpb.HostSummary(job_id="job-404", step=1, host="host-a", incarnation=incarnation)
         refused(cluster, lambda: co.UploadTelemetry(iter([summary]), timeout=TIMEOUT),
                 C.FAILED_PRECONDITION, "incarnation")
-    refused(cluster, lambda: co.WatchTelemetry(cpb.WatchTelemetryRequest(job_id="job-404"),
-                                               timeout=TIMEOUT), C.NOT_FOUND, "job-404")
-    refused(cluster, lambda: co.WatchTelemetry(cpb.WatchTelemetryRequest(), timeout=TIMEOUT),
-            C.INVALID_ARGUMENT, "job_id")
+    for watch in (co.WatchTelemetry, co.WatchTelemetryBatches):
+        refused(cluster, lambda: watch(cpb.WatchTelemetryRequest(job_id="job-404"),
+                                       timeout=TIMEOUT), C.NOT_FOUND, "job-404")
+        refused(cluster, lambda: watch(cpb.WatchTelemetryRequest(), timeout=TIMEOUT),
+                C.INVALID_ARGUMENT, "job_id")
     refused(cluster, lambda: co.GetMetrics(cpb.GetMetricsRequest(host="host-404"),
                                            timeout=TIMEOUT), C.NOT_FOUND, "host-404")
     refused(cluster, lambda: co.GetDeviceMemory(cpb.GetDeviceMemoryRequest(host="host-404"),
@@ -392,6 +393,22 @@ def test_list_workers_job_filter(cluster, finished_job):
     got = answered(cluster, lambda: co.ListWorkers(
         cpb.ListWorkersRequest(job_id=finished_job[0].job_id), timeout=TIMEOUT))
     assert [w.exclusion_reason for w in got.workers if w.registration.host == "host-a"] == [""]
+
+
+def test_batched_watch_carries_the_same_summaries(cluster, finished_job):
+    # A history read is backlog through and through: the batched stream packs it into few
+    # messages, byte for byte the summaries the one-per-message stream sends, in order.
+    co = cluster.coordinator
+    job, history = finished_job
+    for since_step, names in ((0, []), (2, []), (0, [history[-1].values[0].name])):
+        request = cpb.WatchTelemetryRequest(job_id=job.job_id, host_detail=True,
+                                            history_only=True, since_step=since_step,
+                                            names=names)
+        single = [s.SerializeToString() for s in co.WatchTelemetry(request, timeout=TIMEOUT)]
+        batches = list(co.WatchTelemetryBatches(request, timeout=TIMEOUT))
+        assert single and all(b.summaries for b in batches)
+        assert [s.SerializeToString() for b in batches for s in b.summaries] == single
+        assert len(batches) < len(single) or len(single) == 1
 
 
 def test_key_value_list_bad_prefixes(cluster):
