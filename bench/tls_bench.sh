@@ -15,7 +15,7 @@ build=${1:-build}
 dist="$build/bench/meshrun_distribution_bench"
 dist_args=${DIST_ARGS:---mib 128 --rounds 3}
 pairs=${PAIRS:-5}
-fanout_args=${FANOUT_ARGS:---rounds 3}
+fanout_args=${FANOUT_ARGS:---rounds 9}
 only=${ONLY:-}
 mbps() { sed -n 's/^meshrun (cache.*median \([0-9.]*\) MB\/s.*/\1/p' | head -1; }
 run() { MESHRUN_BENCH_TLS=$1 "$dist" $dist_args 2>/dev/null | mbps; }
