@@ -112,7 +112,8 @@ int Watch(const std::vector<std::string>& args) {
   return 0;
 }
 
-// Reads the job's history (WatchTelemetryBatches, history only) and writes it in the chosen format.
+// Reads the job's history (WatchTelemetryBatches, history only) and writes it in the chosen
+// format.
 // The output is created at the first summary, so a refused export leaves no file behind.
 int Export(const std::vector<std::string>& args) {
   if (args.size() != 3) {

@@ -1,5 +1,6 @@
 #include "services/watch_stream.h"
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
