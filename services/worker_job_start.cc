@@ -1,6 +1,7 @@
 // WorkerServer::StartJob: turns a StartJobRequest into a running StepLoop (programs from the
 // executable store, the host's replica and batches, collectives, checkpoints). Split from
-// worker_server.cc, which keeps registration, the RPC surface and the job's end.
+// worker_server.cc, which keeps the RPC surface and the job's end (registration:
+// worker_registration.cc).
 #include "services/worker_server.h"
 
 #include <spdlog/spdlog.h>

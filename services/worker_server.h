@@ -99,6 +99,9 @@ class WorkerServer {
     std::unique_ptr<worker::StepLoop> loop;
   };
   explicit WorkerServer(Config config);
+  // Membership (worker_registration.cc): a random incarnation id, registering, heartbeats, and
+  // the loop that keeps them going until Drain.
+  static std::string FreshIncarnation();
   void RegistrationLoop();
   absl::Status Register();
   absl::Status Heartbeat();
