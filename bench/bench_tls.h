@@ -1,6 +1,6 @@
 // With MESHRUN_BENCH_TLS=1 in the environment, a bench runs every gRPC link with mutual TLS:
 // a throw-away cluster CA and a certificate are made under `dir` and installed as the
-// process's security (services/tls_credentials.h), so MakeChannel, StartGrpcServer and
+// process's security (rpc/tls_credentials.h), so MakeChannel, StartGrpcServer and
 // MakeServerCredentials all use them. bench/tls_bench.sh compares the two runs.
 #pragma once
 
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "services/cert_authority.h"
-#include "services/tls_credentials.h"
+#include "rpc/cert_authority.h"
+#include "rpc/tls_credentials.h"
 
 namespace meshrun::bench {
 

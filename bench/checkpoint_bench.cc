@@ -51,10 +51,10 @@
 #include "checkpoint/store.h"
 #include "common/file_sync.h"
 #include "worker/checkpointing.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "runtime/backends.h"
+#include "runtime/compile_options.h"
+#include "bundle/example_job.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 #include "worker/step_loop.h"
 
 namespace {

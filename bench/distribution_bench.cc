@@ -49,9 +49,9 @@
 #include "common/status_macros.h"
 #include "coordinator/executable_cache.h"
 #include "meshrun/v1/worker.grpc.pb.h"
-#include "services/executable_transfer.h"
-#include "services/server_support.h"
-#include "services/worker_server.h"
+#include "coordinator_service/executable_transfer.h"
+#include "rpc/server_support.h"
+#include "worker_service/worker_server.h"
 #include "spdlog/spdlog.h"
 
 namespace {

@@ -53,10 +53,10 @@
 #include "bench/bench_support.h"
 #include "common/mutex_checks.h"
 #include "common/status_macros.h"
-#include "services/cert_authority.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
-#include "services/telemetry_uploader.h"
+#include "rpc/cert_authority.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
+#include "worker_service/telemetry_uploader.h"
 #include "tests/watch_fleet.h"
 
 namespace meshrun::bench {

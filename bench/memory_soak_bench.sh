@@ -7,5 +7,5 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
 bash "$root/scripts/install_sdk.sh" >/dev/null
-exec "$root/.venv/bin/python" "$root/tests/memory_soak.py" "$build/services" --jobs=10000 \
+exec "$root/.venv/bin/python" "$root/tests/memory_soak.py" "$build/bin" --jobs=10000 \
   --kv_rounds=20 --max_growth_mib=160

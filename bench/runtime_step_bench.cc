@@ -37,9 +37,10 @@
 #include "absl/time/time.h"
 #include "bench/bench_support.h"
 #include "common/mutex_checks.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "runtime/backends.h"
+#include "bundle/example_job.h"
+#include "testing/example_runner.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 
 namespace {
 

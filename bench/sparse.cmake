@@ -8,11 +8,12 @@ else()
 endif()
 
 # Plan time per batch vs the sparse example's step through the runtime (needs the PJRT plugin).
-if(TARGET meshrun::worker::sparse::batches AND TARGET meshrun::worker::runtime::pjrt
-   AND TARGET meshrun::services)
+if(TARGET meshrun::worker::sparse::batches AND TARGET meshrun::runtime::pjrt
+   AND TARGET meshrun::coordinator::service)
   add_executable(meshrun_sparse_step_bench ${CMAKE_CURRENT_LIST_DIR}/sparse_step_bench.cc)
   target_link_libraries(meshrun_sparse_step_bench PRIVATE
-    meshrun::services meshrun::worker::sparse::batches meshrun::worker::runtime::examples
-    meshrun::worker::runtime::backends meshrun::worker::runtime::pjrt)
+    meshrun::coordinator::service meshrun::worker::service meshrun::worker::sparse::batches
+    meshrun::testing
+    meshrun::runtime::backends meshrun::runtime::pjrt)
   target_compile_definitions(meshrun_sparse_step_bench PRIVATE MESHRUN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 endif()

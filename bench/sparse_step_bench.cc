@@ -15,12 +15,14 @@
 
 #include "bench/bench_support.h"
 #include "common/mutex_checks.h"
-#include "coordinator/job_validation.h"
-#include "client/job_bundle.h"
-#include "worker/runtime/backends.h"
+#include "jobspec/job_validation.h"
+#include "bundle/job_bundle.h"
+#include "runtime/backends.h"
 #include "worker/batch_sources.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "bundle/example_job.h"
+#include "testing/example_runner.h"
+#include "testing/sparse_tables.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 #include "worker/sparse/plan_batches.h"
 
 namespace {

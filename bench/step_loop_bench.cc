@@ -51,10 +51,11 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
 #include "common/mutex_checks.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
+#include "runtime/backends.h"
+#include "runtime/pjrt/pjrt_runtime.h"
+#include "runtime/compile_options.h"
+#include "bundle/example_job.h"
+#include "runtime/shard.h"
 #include "worker/step_loop.h"
 
 namespace {

@@ -30,10 +30,11 @@
 #include "common/mutex_checks.h"
 #include "common/sha256.h"
 #include "worker/executable_store.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
+#include "runtime/backends.h"
+#include "runtime/pjrt/pjrt_runtime.h"
+#include "runtime/compile_options.h"
+#include "bundle/example_job.h"
+#include "runtime/shard.h"
 
 namespace {
 

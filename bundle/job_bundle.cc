@@ -1,4 +1,4 @@
-#include "client/job_bundle.h"
+#include "bundle/job_bundle.h"
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>

@@ -1,7 +1,7 @@
 // The client-side bundle reader: a bundle directory (job.json + StableHLO programs + optional
 // data, as meshrun.export or examples/export_examples.py write it) as the typed JobBundle
 // (proto/meshrun/v1/bundle.proto), and as the JobSpec a client submits. `meshrun submit` and
-// the examples' test loader (worker/runtime/example_job.h) read bundles through it. A bundle
+// the examples' test loader (bundle/example_job.h) read bundles through it. A bundle
 // needs only what a run needs: `reference` and `compile_options_jax` are optional test data.
 // Thread-safe (no shared state). No gRPC.
 #pragma once

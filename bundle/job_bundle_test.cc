@@ -1,4 +1,4 @@
-#include "client/job_bundle.h"
+#include "bundle/job_bundle.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "meshrun/v1/checkpoint.pb.h"
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 
 namespace meshrun::checkpoint {
 

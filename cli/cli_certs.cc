@@ -1,4 +1,4 @@
-#include "services/cli_certs.h"
+#include "cli/cli_certs.h"
 
 #include <cstdio>
 #include <fstream>
@@ -6,9 +6,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
-#include "services/binary_setup.h"
-#include "services/cert_authority.h"
-#include "services/cli_common.h"
+#include "rpc/binary_setup.h"
+#include "rpc/cert_authority.h"
+#include "cli/cli_common.h"
 
 ABSL_FLAG(std::string, dir, "", "certs: the CA directory (ca.pem, ca.key, cluster)");
 ABSL_FLAG(std::string, cluster, "meshrun", "certs init: the cluster name in every SPIFFE id");

@@ -1,4 +1,4 @@
-// `meshrun certs ...`: the cluster CA, certificates and bearer tokens (services/cert_authority.h).
+// `meshrun certs ...`: the cluster CA, certificates and bearer tokens (rpc/cert_authority.h).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-#include "services/cli_checkpoints.h"
+#include "cli/cli_checkpoints.h"
 
 #include <filesystem>
 

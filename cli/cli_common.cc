@@ -1,4 +1,4 @@
-#include "services/cli_common.h"
+#include "cli/cli_common.h"
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
@@ -9,8 +9,8 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "services/binary_setup.h"
-#include "services/server_support.h"
+#include "rpc/binary_setup.h"
+#include "rpc/server_support.h"
 
 // $MESHRUN_COORDINATOR, when set, is the default address (as for the Python SDK's Client).
 static std::string DefaultCoordinator() {

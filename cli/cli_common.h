@@ -1,4 +1,4 @@
-// What the CLI's commands share (services/cli_main.cc and its cli_*.cc): the --output choice
+// What the CLI's commands share (cli/cli_main.cc and its cli_*.cc): the --output choice
 // and JSON printing, the coordinator stub from --coordinator, and the exit codes of a failed
 // call. Functions that fail end the process with ExitWithError (the CLI is single-threaded).
 #pragma once

@@ -1,4 +1,4 @@
-#include "services/cli_get.h"
+#include "cli/cli_get.h"
 
 #include <cstring>
 

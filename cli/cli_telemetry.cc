@@ -1,5 +1,5 @@
 // `meshrun watch` and `meshrun export`: a job's telemetry, live or its history.
-#include "services/cli_telemetry.h"
+#include "cli/cli_telemetry.h"
 
 #include <unistd.h>
 
@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "services/binary_setup.h"
-#include "services/cli_common.h"
+#include "rpc/binary_setup.h"
+#include "cli/cli_common.h"
 #include "telemetry/export.h"
 
 ABSL_FLAG(int64_t, since_step, 0,

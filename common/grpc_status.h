@@ -1,5 +1,5 @@
-// absl::Status <-> grpc::Status. Used only in RPC adapters (services/); logic code never
-// sees gRPC types. Codes map one to one (both follow google.rpc.Code); messages are kept.
+// absl::Status <-> grpc::Status, in RPC adapters only (rpc/, *_service/); logic code never sees
+// gRPC types. Codes map one to one (both follow google.rpc.Code); messages are kept.
 #pragma once
 
 #include <grpcpp/support/status.h>

@@ -12,6 +12,13 @@ inline constexpr uint32_t kProtocolMaxVersion = 1;
 // The version clients of this build send.
 inline constexpr uint32_t kProtocolVersion = kProtocolMaxVersion;
 
+// The largest executable chunk a worker accepts; the coordinator sends chunks of this size.
+inline constexpr int64_t kMaxExecutableChunkBytes = 1 << 20;
+
+// The phase a worker reports in its heartbeats while its step loop waits in the cross-host
+// gradient average (the coordinator's hang detection names it).
+inline constexpr char kPhaseGradientAllReduce[] = "the gradient all-reduce";
+
 // Errors: FAILED_PRECONDITION naming the peer's version and the supported range.
 absl::Status CheckProtocolVersion(uint32_t peer_version);
 

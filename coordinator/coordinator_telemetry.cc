@@ -1,4 +1,4 @@
-#include "services/coordinator_telemetry.h"
+#include "coordinator/coordinator_telemetry.h"
 
 #include <spdlog/spdlog.h>
 

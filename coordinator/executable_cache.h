@@ -38,7 +38,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
-#include "worker/runtime/identity.h"
+#include "runtime/identity.h"
 
 namespace meshrun::coordinator {
 

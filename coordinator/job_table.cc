@@ -14,24 +14,6 @@
 
 namespace meshrun::coordinator {
 
-const char* JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_PENDING: return "PENDING";
-    case v1::JOB_STATE_ASSIGNED: return "ASSIGNED";
-    case v1::JOB_STATE_LOADING: return "LOADING";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
-  }
-}
-
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 absl::Status CheckJobMember(const v1::JobManifest& job, const std::string& host,
                             const std::string& incarnation) {
   auto member = job.host_incarnations().find(host);

@@ -27,12 +27,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "jobspec/job_states.h"
 #include "meshrun/v1/job.pb.h"
 
 namespace meshrun::coordinator {
 
-const char* JobStateName(v1::JobState state);
-bool IsFinal(v1::JobState state);
 // OK when `host` runs `job` as `incarnation`; else FAILED_PRECONDITION naming both (a report,
 // checkpoint or preemption from a fenced or foreign worker).
 absl::Status CheckJobMember(const v1::JobManifest& job, const std::string& host,

@@ -44,8 +44,8 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/worker_registry.h"
-#include "worker/runtime/identity.h"
-#include "worker/runtime/megascale.h"
+#include "runtime/identity.h"
+#include "runtime/megascale.h"
 
 namespace meshrun::coordinator {
 

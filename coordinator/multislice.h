@@ -6,7 +6,7 @@
 // whole DCN part on `data`, outermost: data index d lies in slice d / ici_data. Axis names stay
 // those of the mesh rule, so a program exported for ("data", "model") runs unchanged; the split
 // is recorded beside the mesh (MeshPlan::dcn_shape / ici_shape). libtpu joins the slices from
-// the MEGASCALE_* environment (worker/runtime/megascale.h), which the plan states per host.
+// the MEGASCALE_* environment (runtime/megascale.h), which the plan states per host.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/worker_registry.h"
-#include "worker/runtime/megascale.h"
+#include "runtime/megascale.h"
 
 namespace meshrun::coordinator {
 

@@ -1,6 +1,6 @@
 // Multislice planning (coordinator/multislice.h, mesh_planner.h) on registered fake TPU hosts
 // of 2 slices x v6e-8 and 2 x v6e-16, the refusals of inconsistent slices, CPU replicas spread
-// over slices, and the MEGASCALE_* settings a worker hands libtpu (worker/runtime/megascale.h).
+// over slices, and the MEGASCALE_* settings a worker hands libtpu (runtime/megascale.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/mesh_planner.h"
 #include "coordinator/multislice.h"
-#include "worker/runtime/megascale.h"
+#include "runtime/megascale.h"
 
 namespace meshrun::coordinator {
 namespace {

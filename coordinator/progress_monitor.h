@@ -27,11 +27,9 @@
 #include "common/natural_order.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/protocol.h"
 
 namespace meshrun::coordinator {
-
-// The phase a worker reports while its step loop waits in the cross-host gradient average.
-inline constexpr char kPhaseGradientAllReduce[] = "the gradient all-reduce";
 
 class ProgressMonitor {
  public:

@@ -23,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "worker/runtime/identity.h"
+#include "runtime/identity.h"
 
 namespace meshrun::coordinator {
 

@@ -1,7 +1,7 @@
-#include "services/coordinator_limit_flags.h"
+#include "coordinator_service/coordinator_limit_flags.h"
 
 #include "absl/flags/flag.h"
-#include "services/binary_setup.h"
+#include "rpc/binary_setup.h"
 
 ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories (besides --state_dir; the flag may be repeated) where clients may name token "

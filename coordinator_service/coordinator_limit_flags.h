@@ -1,7 +1,7 @@
 // meshrun-coordinator's limit flags (docs/limits.md), read into CoordinatorLimits.
 #pragma once
 
-#include "services/coordinator_limits.h"
+#include "coordinator_service/coordinator_limits.h"
 
 namespace meshrun::services {
 

@@ -1,4 +1,4 @@
-#include "services/coordinator_limits.h"
+#include "coordinator_service/coordinator_limits.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,8 +6,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/status_macros.h"
-#include "coordinator/spec_limits.h"
-#include "services/tls_credentials.h"
+#include "jobspec/spec_limits.h"
+#include "rpc/tls_credentials.h"
 
 namespace meshrun::services {
 

@@ -5,12 +5,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
-#include "services/binary_setup.h"
-#include "services/coordinator_limit_flags.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
-#include "services/tls_credentials.h"
-#include "worker/runtime/backends.h"
+#include "rpc/binary_setup.h"
+#include "coordinator_service/coordinator_limit_flags.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
+#include "rpc/tls_credentials.h"
+#include "runtime/backends.h"
 
 ABSL_FLAG(std::string, listen, "",
           "HOST:PORT to serve on; port 0 picks a free port; default [::]:7070 with TLS, "

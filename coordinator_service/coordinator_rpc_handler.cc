@@ -1,6 +1,6 @@
 // CoordinatorRpcHandler: the coordinator's unary RPCs (workers, jobs, metrics, key-value store,
 // barriers), independent of gRPC's streaming reactors, which stay in coordinator_server.cc.
-#include "services/coordinator_server.h"
+#include "coordinator_service/coordinator_rpc_handler.h"
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
@@ -17,12 +17,13 @@
 #include "common/protocol.h"
 #include "common/status_macros.h"
 #include "coordinator/goodput.h"
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 #include "coordinator/mesh_planner.h"
-#include "services/runtime_setup.h"
-#include "services/proto_convert.h"
-#include "services/server_support.h"
-#include "services/unary_reactor.h"
+#include "runtime/runtime_setup.h"
+#include "coordinator_service/registry_proto.h"
+#include "rpc/proto_convert.h"
+#include "rpc/server_support.h"
+#include "rpc/unary_reactor.h"
 
 namespace meshrun::services {
 

@@ -1,8 +1,6 @@
-#include "services/coordinator_server.h"
-#include "services/tls_credentials.h"
+#include "coordinator_service/coordinator_server.h"
 
 #include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <map>
 #include <set>
@@ -16,17 +14,14 @@
 #include "absl/time/clock.h"
 #include "common/background_tasks.h"
 #include "common/grpc_status.h"
-#include "common/protocol.h"
 #include "common/status_macros.h"
-#include "coordinator/goodput.h"
-#include "coordinator/job_validation.h"
-#include "coordinator/mesh_planner.h"
-#include "services/runtime_setup.h"
-#include "services/proto_convert.h"
-#include "services/server_support.h"
-#include "services/stream_slots.h"
-#include "services/watch_stream.h"
-#include "services/unary_reactor.h"
+#include "coordinator/progress_monitor.h"
+#include "coordinator_service/watch_stream.h"
+#include "rpc/server_support.h"
+#include "rpc/stream_slots.h"
+#include "rpc/tls_credentials.h"
+#include "rpc/unary_reactor.h"
+#include "runtime/runtime_setup.h"
 
 namespace meshrun::services {
 

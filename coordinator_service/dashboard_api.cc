@@ -1,5 +1,5 @@
-#include "services/dashboard_api.h"
-#include "services/tls_credentials.h"
+#include "coordinator_service/dashboard_api.h"
+#include "rpc/tls_credentials.h"
 
 #include <google/protobuf/util/json_util.h>
 
@@ -15,7 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "services/coordinator_server.h"
+#include "coordinator_service/coordinator_rpc_handler.h"
 #include "telemetry/prometheus.h"
 
 namespace meshrun::services {

@@ -1,6 +1,6 @@
 // What the coordinator's HTTP port answers, as plain logic (no HTTP library, no gRPC types):
 // Prometheus text at /metrics, JSON under /api/ for the web dashboard, and the watchers behind
-// its server-sent-event stream. services/http_server.h is the thin adapter that serves it.
+// its server-sent-event stream. coordinator_service/http_server.h is the thin adapter that serves it.
 //
 //   GET /metrics                         Prometheus text exposition 0.0.4
 //   GET /api/jobs                        every job's manifest (without program bytes)

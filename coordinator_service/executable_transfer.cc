@@ -1,4 +1,4 @@
-#include "services/executable_transfer.h"
+#include "coordinator_service/executable_transfer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "common/crc32c.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {
@@ -145,7 +145,7 @@ class ChunkWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
 absl::Status SendExecutable(const std::shared_ptr<grpc::Channel>& worker,
                             const coordinator::CachedExecutable& executable,
                             const TransferOptions& options) {
-  constexpr size_t kMax = worker::ExecutableStore::kMaxChunkBytes;
+  constexpr size_t kMax = kMaxExecutableChunkBytes;
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMax) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes=", options.chunk_bytes, " must be in [1, ", kMax, "]"));

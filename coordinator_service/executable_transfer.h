@@ -16,12 +16,12 @@
 #include "absl/time/time.h"
 #include "coordinator/executable_cache.h"
 #include "meshrun/v1/worker.grpc.pb.h"
-#include "worker/executable_store.h"
+#include "common/protocol.h"
 
 namespace meshrun::services {
 
 struct TransferOptions {
-  size_t chunk_bytes = worker::ExecutableStore::kMaxChunkBytes;  // the worker's limit
+  size_t chunk_bytes = kMaxExecutableChunkBytes;  // the worker's limit
   // Deadline = base_timeout + size / min_bytes_per_second, so multi-GiB artifacts get the
   // time they need on a slow link and a stalled one still ends.
   absl::Duration base_timeout = absl::Seconds(60);

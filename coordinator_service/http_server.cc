@@ -1,5 +1,5 @@
-#include "services/http_server.h"
-#include "services/http_auth.h"
+#include "coordinator_service/http_server.h"
+#include "rpc/http_auth.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "services/dashboard_api.h"
+#include "coordinator_service/dashboard_api.h"
 
 namespace httplib {
 class Server;

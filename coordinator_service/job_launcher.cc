@@ -1,4 +1,4 @@
-#include "services/job_launcher.h"
+#include "coordinator_service/job_launcher.h"
 
 #include <spdlog/spdlog.h>
 
@@ -11,14 +11,15 @@
 #include "common/grpc_status.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 #include "coordinator/mesh_planner.h"
-#include "coordinator/spec_limits.h"
-#include "services/channel_health.h"
-#include "services/executable_transfer.h"
-#include "services/proto_convert.h"
-#include "services/server_support.h"
-#include "worker/runtime/compile_options.h"
+#include "jobspec/spec_limits.h"
+#include "rpc/channel_health.h"
+#include "coordinator_service/executable_transfer.h"
+#include "coordinator_service/registry_proto.h"
+#include "rpc/proto_convert.h"
+#include "rpc/server_support.h"
+#include "runtime/compile_options.h"
 
 namespace meshrun::services {
 using coordinator::WorkerEntry;

@@ -39,8 +39,8 @@
 #include "coordinator/worker_registry.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
-#include "services/coordinator_telemetry.h"
-#include "worker/runtime/runtime.h"
+#include "coordinator/coordinator_telemetry.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::services {
 

@@ -12,8 +12,8 @@
 #include "common/background_tasks.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
-#include "services/job_launcher.h"
-#include "services/server_support.h"
+#include "coordinator_service/job_launcher.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 

@@ -1,4 +1,4 @@
-#include "services/job_membership.h"
+#include "coordinator_service/job_membership.h"
 
 #include <spdlog/spdlog.h>
 

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/job_table.h"
 #include "coordinator/worker_registry.h"
-#include "services/security_policy.h"
+#include "rpc/security_policy.h"
 
 namespace meshrun::services {
 

@@ -1,4 +1,4 @@
-#include "services/watch_stream.h"
+#include "coordinator_service/watch_stream.h"
 
 #include <cstdint>
 #include <memory>

@@ -21,7 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "services/stream_slots.h"
+#include "rpc/stream_slots.h"
 #include "telemetry/watch_hub.h"
 
 namespace meshrun::services {

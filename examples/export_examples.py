@@ -23,7 +23,7 @@ tensor parallel over "model"), it writes through meshrun.export (python/meshrun/
                                  apply); dp4x2 as above
   jax_compile_options/partitions_{1,4,8}.pb
                                  JAX's own serialized CompileOptions for 1, 4 and 8 partitions,
-                                 the reference for worker/runtime/compile_options_test.cc
+                                 the reference for runtime/compile_options_test.cc
 
 This file holds the models, their data and the examples' own test data (reference extras of
 the sparse LM, JAX's compile options); meshrun.export lowers, declares and writes the rest.

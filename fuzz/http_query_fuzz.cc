@@ -1,4 +1,4 @@
-// The coordinator's HTTP API (services/dashboard_api.h behind services/http_server.h) on any
+// The coordinator's HTTP API (coordinator_service/dashboard_api.h behind coordinator_service/http_server.h) on any
 // request target: a real coordinator listens on 127.0.0.1:0 in this process, and each input
 // becomes one GET request line (bytes a request line cannot hold are percent-encoded; a second
 // input line, if any, is sent as Last-Event-ID). Seeds: the API's documented paths and queries.
@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "fuzz/fuzz_support.h"
-#include "services/coordinator_server.h"
+#include "coordinator_service/coordinator_server.h"
 
 namespace {
 using namespace meshrun;

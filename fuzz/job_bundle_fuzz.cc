@@ -1,4 +1,4 @@
-// The bundle reader (client/job_bundle.h, worker/runtime/example_job.h) on any job.json:
+// The bundle reader (bundle/job_bundle.h, bundle/example_job.h) on any job.json:
 // the input replaces job.json in a private copy of an example bundle's directory, so the
 // programs and data files it names exist. Seeds: every example's job.json. Property: no crash,
 // no hang, a refusal is INVALID_ARGUMENT or NOT_FOUND.
@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "fuzz/fuzz_support.h"
-#include "client/job_bundle.h"
+#include "bundle/job_bundle.h"
 
 namespace {
 std::string& JobJson() {

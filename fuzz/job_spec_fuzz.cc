@@ -1,13 +1,13 @@
-// JobSpec validation (coordinator/job_validation.h) on any JobSpec a gRPC client can send:
+// JobSpec validation (jobspec/job_validation.h) on any JobSpec a gRPC client can send:
 // the input is a serialized meshrun.v1.JobSpec. Seeds: the example bundles' specs (programs'
 // bytes cut short: validation never parses them). Property: no crash, and a refusal is
 // INVALID_ARGUMENT.
 #include <cstddef>
 #include <cstdint>
 
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 #include "fuzz/fuzz_support.h"
-#include "client/job_bundle.h"
+#include "bundle/job_bundle.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace meshrun;

@@ -12,7 +12,7 @@
 
 #include "common/clock.h"
 #include "fuzz/fuzz_support.h"
-#include "client/job_bundle.h"
+#include "bundle/job_bundle.h"
 #include "telemetry/history_store.h"
 #include "telemetry/step_combiner.h"
 

@@ -1,10 +1,10 @@
-#include "coordinator/array_data.h"
+#include "jobspec/array_data.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 #include "worker/array_file.h"
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 
 namespace meshrun::coordinator {
 

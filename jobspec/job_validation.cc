@@ -1,4 +1,4 @@
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
-#include "coordinator/array_data.h"
-#include "coordinator/spec_limits.h"
+#include "jobspec/array_data.h"
+#include "jobspec/spec_limits.h"
 #include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
 

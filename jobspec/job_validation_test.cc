@@ -1,4 +1,4 @@
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@ namespace meshrun::coordinator {
 namespace {
 
 // What an exporter writes besides a test's fields: each tensor's shard_shape (here unsplit: its
-// shape), and init making the state (coordinator/spec_limits.h checks both).
+// shape), and init making the state (jobspec/spec_limits.h checks both).
 v1::JobSpec AsExported(v1::JobSpec spec) {
   v1::Program* init = nullptr;
   const v1::Program* last = nullptr;

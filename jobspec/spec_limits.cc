@@ -1,11 +1,11 @@
-#include "coordinator/spec_limits.h"
+#include "jobspec/spec_limits.h"
 
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 
 namespace meshrun::coordinator {
 namespace {

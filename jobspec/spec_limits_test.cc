@@ -1,4 +1,4 @@
-#include "coordinator/spec_limits.h"
+#include "jobspec/spec_limits.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 
 namespace meshrun::coordinator {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/path_roots.h"
-#include "coordinator/spec_limits.h"
+#include "jobspec/spec_limits.h"
 
 namespace meshrun::coordinator {
 namespace {

@@ -1,5 +1,5 @@
-#include "services/binary_setup.h"
-#include "services/security_flags.h"
+#include "rpc/binary_setup.h"
+#include "rpc/security_flags.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +13,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/mutex_checks.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 ABSL_FLAG(std::string, log_format, "text",
@@ -25,7 +25,23 @@ namespace {
 std::string program_name = "meshrun";
 std::vector<std::string> command_line;  // argv as given, for RepeatedFlagValues
 
-bool IsMeshrunFlagFile(absl::string_view file) { return absl::StrContains(file, "services/"); }
+// The folders whose flags --help lists: meshrun's binaries and the RPC support they share,
+// not abseil's or gRPC's.
+constexpr absl::string_view kFlagFolders[] = {"rpc/", "cli/", "coordinator_service/",
+                                              "worker_service/"};
+
+// Where one of kFlagFolders starts in `file` as a whole path component; npos if none does.
+size_t FlagFolderAt(absl::string_view file) {
+  for (absl::string_view folder : kFlagFolders) {
+    const size_t at = file.rfind(folder);
+    if (at != absl::string_view::npos && (at == 0 || file[at - 1] == '/')) return at;
+  }
+  return absl::string_view::npos;
+}
+
+bool IsMeshrunFlagFile(absl::string_view file) {
+  return FlagFolderAt(file) != absl::string_view::npos;
+}
 }  // namespace
 
 void ExitWithError(const std::string& message, int code) {
@@ -43,7 +59,7 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
   config.contains_helpshort_flags = IsMeshrunFlagFile;
   config.contains_help_flags = IsMeshrunFlagFile;
   config.normalize_filename = [](absl::string_view file) {
-    const size_t at = file.find("services/");
+    const size_t at = FlagFolderAt(file);
     return std::string(at == absl::string_view::npos ? file : file.substr(at));
   };
   absl::SetFlagsUsageConfig(config);

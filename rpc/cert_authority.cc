@@ -1,4 +1,4 @@
-#include "services/cert_authority.h"
+#include "rpc/cert_authority.h"
 
 #include <openssl/bn.h>
 #include <openssl/ec.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "services/security_policy.h"
+#include "rpc/security_policy.h"
 
 namespace meshrun::services {
 namespace {

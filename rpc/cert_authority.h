@@ -2,7 +2,7 @@
 //
 // Files in the CA directory: ca.pem (certificate), ca.key (private key, mode 0600), cluster
 // (the cluster name). Issued certificates carry one URI SAN spiffe://<cluster>/<role>/<name>
-// (services/security_policy.h), a DNS SAN <name> when it is a plausible host name, and both
+// (rpc/security_policy.h), a DNS SAN <name> when it is a plausible host name, and both
 // serverAuth and clientAuth usages. Keys are ECDSA P-256. A coordinator's certificate also
 // carries DNS:meshrun-coordinator (kCoordinatorDnsName), a name no other role may be issued:
 // clients that can only check host names (the Python SDK) check that one.

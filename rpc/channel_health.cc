@@ -1,4 +1,4 @@
-#include "services/channel_health.h"
+#include "rpc/channel_health.h"
 
 #include <grpc/grpc.h>
 

@@ -1,4 +1,4 @@
-#include "services/grpc_probe.h"
+#include "rpc/grpc_probe.h"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/grpc_status.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {

@@ -1,4 +1,4 @@
-#include "services/http_auth.h"
+#include "rpc/http_auth.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -13,8 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "services/security_policy.h"
-#include "services/tls_credentials.h"
+#include "rpc/security_policy.h"
+#include "rpc/tls_credentials.h"
 
 namespace meshrun::services {
 namespace {

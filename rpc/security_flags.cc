@@ -1,4 +1,4 @@
-#include "services/security_flags.h"
+#include "rpc/security_flags.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "services/tls_credentials.h"
+#include "rpc/tls_credentials.h"
 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate of this process (meshrun certs issue); with --tls_key and --tls_ca "

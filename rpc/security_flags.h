@@ -1,7 +1,7 @@
 // The security flags every meshrun binary takes (--tls_cert, --tls_key, --tls_ca,
 // --tls_refresh_seconds, --insecure, --auth_tokens_file, --token, --token_file; env
 // MESHRUN_TOKEN), read once at start-up into the process-wide SecurityConfig
-// (services/tls_credentials.h). Called by InitBinary.
+// (rpc/tls_credentials.h). Called by InitBinary.
 #pragma once
 
 #include "absl/status/status.h"

@@ -1,4 +1,4 @@
-#include "services/security_policy.h"
+#include "rpc/security_policy.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>

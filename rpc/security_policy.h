@@ -1,5 +1,5 @@
 // Who may call what: the logic half of meshrun's access control (no gRPC here; the adapter in
-// services/tls_credentials.h feeds it the peer's certificate identity and bearer token).
+// rpc/tls_credentials.h feeds it the peer's certificate identity and bearer token).
 //
 // Identities. A certificate names its holder with one URI SAN
 //   spiffe://<cluster>/<role>/<name>

@@ -1,4 +1,4 @@
-#include "services/security_policy.h"
+#include "rpc/security_policy.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

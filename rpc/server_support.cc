@@ -1,4 +1,4 @@
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 #include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -16,8 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "services/channel_health.h"
-#include "services/tls_credentials.h"
+#include "rpc/channel_health.h"
+#include "rpc/tls_credentials.h"
 
 namespace meshrun::services {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "services/tls_credentials.h"
+#include "rpc/tls_credentials.h"
 
 namespace meshrun::services {
 
@@ -64,7 +64,7 @@ void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
 // A client channel with meshrun's defaults (no proxy lookups) and the process's credentials
-// (services/tls_credentials.h: mutual TLS and token when configured, else plaintext).
+// (rpc/tls_credentials.h: mutual TLS and token when configured, else plaintext).
 // Without `expect`, any server with a certificate from the cluster CA will do.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const std::optional<ExpectedServer>& expect = std::nullopt);

@@ -1,4 +1,4 @@
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 #include <gtest/gtest.h>
 

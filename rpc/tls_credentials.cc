@@ -1,4 +1,4 @@
-#include "services/tls_credentials.h"
+#include "rpc/tls_credentials.h"
 
 #include <arpa/inet.h>
 #include <grpc/grpc_security_constants.h>

@@ -1,10 +1,10 @@
 // gRPC credentials for every meshrun link, built in one place: mutual TLS from PEM files that
 // gRPC's FileWatcherCertificateProvider re-reads (a rotated certificate is used by new
 // connections without a restart), bearer tokens, and the adapter that feeds the peer's
-// certificate identity and token to the access policy of services/security_policy.h.
+// certificate identity and token to the access policy of rpc/security_policy.h.
 //
-// The binaries fill a SecurityConfig from their flags (services/security_flags.cc) and install
-// it process-wide; MakeChannel and StartGrpcServer (services/server_support.h) use it, so the
+// The binaries fill a SecurityConfig from their flags (rpc/security_flags.cc) and install
+// it process-wide; MakeChannel and StartGrpcServer (rpc/server_support.h) use it, so the
 // coordinator's worker channels, the worker's coordinator channel and the CLI all follow it.
 // Without TLS, servers may bind loopback only unless `insecure` is set.
 //
@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "services/security_policy.h"
+#include "rpc/security_policy.h"
 
 namespace meshrun::services {
 

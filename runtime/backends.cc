@@ -1,8 +1,8 @@
-#include "worker/runtime/backends.h"
+#include "runtime/backends.h"
 
 #include "common/status_macros.h"
 #if MESHRUN_WITH_PJRT
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 #endif
 
 namespace meshrun::runtime {

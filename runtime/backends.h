@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::runtime {
 

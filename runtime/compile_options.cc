@@ -1,4 +1,4 @@
-#include "worker/runtime/compile_options.h"
+#include "runtime/compile_options.h"
 
 #include <set>
 
@@ -6,7 +6,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "common/status_macros.h"
-#include "worker/runtime/xla_compile_options.pb.h"
+#include "runtime/xla_compile_options.pb.h"
 
 namespace meshrun::runtime {
 namespace {

@@ -11,9 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/backends.h"
+#include "runtime/compile_options.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::runtime {
 namespace {
@@ -546,7 +546,7 @@ TEST_F(PjrtStartErrors, MissingPluginNamesThePath) {
 }
 
 TEST_F(PjrtStartErrors, FileThatIsNotAPluginNamesThePath) {
-  const std::string not_elf = std::string(MESHRUN_SOURCE_DIR) + "/worker/runtime/runtime.h";
+  const std::string not_elf = std::string(MESHRUN_SOURCE_DIR) + "/runtime/runtime.h";
   absl::Status status = Start(not_elf);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), not_elf)) << status;

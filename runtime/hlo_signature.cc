@@ -1,4 +1,4 @@
-#include "worker/runtime/hlo_signature.h"
+#include "runtime/hlo_signature.h"
 
 #include <cstdint>
 #include <utility>

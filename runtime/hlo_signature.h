@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 
 namespace meshrun::runtime {
 

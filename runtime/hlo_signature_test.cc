@@ -1,5 +1,5 @@
 // limits (issue 16): the compiled program's parameters, read from its optimized HLO module.
-#include "worker/runtime/hlo_signature.h"
+#include "runtime/hlo_signature.h"
 
 #include <gtest/gtest.h>
 

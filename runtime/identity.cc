@@ -1,4 +1,4 @@
-#include "worker/runtime/identity.h"
+#include "runtime/identity.h"
 
 #include "absl/strings/str_cat.h"
 

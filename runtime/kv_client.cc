@@ -1,4 +1,4 @@
-#include "worker/runtime/kv_client.h"
+#include "runtime/kv_client.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "worker/runtime/megascale.h"
+#include "runtime/megascale.h"
 
 #include <cerrno>
 #include <cstdlib>

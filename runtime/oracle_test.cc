@@ -8,9 +8,10 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "runtime/backends.h"
+#include "bundle/example_job.h"
+#include "testing/example_runner.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 
 namespace meshrun::runtime {
 namespace {

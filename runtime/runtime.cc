@@ -1,4 +1,4 @@
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 
 #include <algorithm>
 

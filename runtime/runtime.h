@@ -1,6 +1,6 @@
 // The runtime interface: one object shaped like a PJRT client, through which the worker and
 // the coordinator (to compile) drive devices. Backends (today: any PJRT plugin through the
-// PJRT C API, worker/runtime/pjrt/) implement it and are registered explicitly in a
+// PJRT C API, runtime/pjrt/) implement it and are registered explicitly in a
 // RuntimeRegistry by RegisterRuntimes (backends.h).
 //
 // Lifetime: executables and device buffers may outlive the Runtime that made them (they keep
@@ -29,9 +29,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
-#include "worker/runtime/identity.h"
-#include "worker/runtime/kv_client.h"
-#include "worker/runtime/types.h"
+#include "runtime/identity.h"
+#include "runtime/kv_client.h"
+#include "runtime/types.h"
 
 namespace meshrun::runtime {
 

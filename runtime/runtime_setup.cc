@@ -1,8 +1,8 @@
-#include "services/runtime_setup.h"
+#include "runtime/runtime_setup.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/runtime/backends.h"
+#include "runtime/backends.h"
 
 namespace meshrun::services {
 namespace {

@@ -8,10 +8,11 @@
 #include "absl/strings/match.h"
 #include "common/path_roots.h"
 #include "gtest/gtest.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/kv_client.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/compile_options.h"
+#include "bundle/example_job.h"
+#include "runtime/shard.h"
+#include "runtime/kv_client.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::runtime {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -14,7 +14,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 bash scripts/build.sh build
-bin="$root/build/services"
+bin="$root/build/bin"
 run="$(mktemp -d)"
 pids=()
 stop_all() {

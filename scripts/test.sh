@@ -32,7 +32,8 @@ echo "test: sanitizer run clean"
 # synchronization made visible by common/tsan_absl_shim.cc (docs/fuzzing.md). Only their
 # targets are built.
 tsan_tests=(common_test natural_order_test idle_watchdog_test logging_test watch_hub_test
-            history_store_test coordinator_test limits_test registry_claims_test goodput_test
+            history_store_test coordinator_test jobspec_test spec_limits_test limits_test
+            registry_claims_test goodput_test
             executable_store_limits_test)
 CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 cmake -S "$root" -B "$root/build-tsan" -G Ninja \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMESHRUN_TSAN=ON \

@@ -21,8 +21,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {

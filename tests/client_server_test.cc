@@ -7,11 +7,11 @@
 
 #include "absl/time/clock.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
-#include "services/coordinator_kv_client.h"
-#include "services/coordinator_server.h"
-#include "services/grpc_probe.h"
-#include "services/server_support.h"
-#include "services/worker_server.h"
+#include "worker_service/coordinator_kv_client.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/grpc_probe.h"
+#include "rpc/server_support.h"
+#include "worker_service/worker_server.h"
 
 namespace meshrun::services {
 namespace {

@@ -6,9 +6,9 @@
 
 #include "absl/strings/match.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
-#include "services/coordinator_kv_client.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
+#include "worker_service/coordinator_kv_client.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
 #include "worker/collectives/host_allreduce.h"
 
 namespace meshrun::worker::collectives {

@@ -13,7 +13,7 @@
 set -euo pipefail
 build=$1
 src=$2
-bin="$build/services"
+bin="$build/bin"
 source "$src/tests/cluster_lib.sh"
 command -v buildah >/dev/null || { echo "SKIP: buildah absent (scripts/setup.sh installs it)"; exit 77; }
 store=(--root "$tmp/storage" --runroot "$tmp/run" --storage-driver vfs)

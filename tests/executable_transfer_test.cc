@@ -11,9 +11,9 @@
 #include "common/crc32c.h"
 #include "common/sha256.h"
 #include "coordinator/executable_cache.h"
-#include "services/executable_transfer.h"
-#include "services/server_support.h"
-#include "services/worker_server.h"
+#include "coordinator_service/executable_transfer.h"
+#include "rpc/server_support.h"
+#include "worker_service/worker_server.h"
 
 namespace meshrun::services {
 namespace {

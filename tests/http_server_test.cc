@@ -11,9 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/synchronization/mutex.h"
-#include "services/coordinator_server.h"
-#include "services/coordinator_telemetry.h"
-#include "services/worker_server.h"
+#include "coordinator_service/coordinator_server.h"
+#include "coordinator/coordinator_telemetry.h"
+#include "worker_service/worker_server.h"
 #include "telemetry/prometheus.h"
 
 namespace meshrun::services {

@@ -1,5 +1,5 @@
 // Access control on real servers over loopback: a coordinator and a worker with mutual TLS and
-// a tokens file, certificates made at test time by services/cert_authority. Every RPC of both
+// a tokens file, certificates made at test time by rpc/cert_authority. Every RPC of both
 // services (read from the proto descriptors, so new RPCs are covered) is called with every kind
 // of caller, and each cell must get the code this file's own list of roles (ExpectedRoles) says;
 // the policy table is checked against that list. Then the identity checks, certificate rotation
@@ -27,11 +27,11 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/telemetry.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
-#include "services/cert_authority.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
-#include "services/tls_credentials.h"
-#include "services/worker_server.h"
+#include "rpc/cert_authority.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
+#include "rpc/tls_credentials.h"
+#include "worker_service/worker_server.h"
 
 namespace meshrun::services {
 namespace {
@@ -279,7 +279,7 @@ TEST(SecurityPolicyTableTest, PolicyTableMatchesTheWrittenList) {
     auto it = ExpectedRoles().find(method);
     if (it == ExpectedRoles().end()) {
       ADD_FAILURE() << method << " is not classified: add it to ExpectedRoles() in this test "
-                    << "and to RequiredRole in services/security_policy.cc";
+                    << "and to RequiredRole in rpc/security_policy.cc";
       continue;
     }
     EXPECT_EQ(RoleName(RequiredRole(method)), RoleName(it->second)) << method;
@@ -373,7 +373,7 @@ TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
   }
 }
 
-// Job membership (services/job_membership.h): worker-b is registered with a known incarnation
+// Job membership (coordinator_service/job_membership.h): worker-b is registered with a known incarnation
 // and made the only member of a job; worker-a (the fixture's real worker) is not.
 TEST_F(SecurityTest, OnlyTheJobsCurrentWorkersReachItsState) {
   Issue(ca_, "worker", "worker-b");

@@ -1,5 +1,5 @@
 // The block-sparse example (examples/transformer_lm/sparse_dp1) run the way the worker runs it:
-// job.json -> JobSpec (client/job_bundle) -> mask contract -> the C++ planner builds every
+// job.json -> JobSpec (bundle/job_bundle) -> mask contract -> the C++ planner builds every
 // batch's plan tables -> the step through meshrun's PJRT runtime. Its loss sequence matches the
 // one JAX computed with the exporter's own tables (reference.json), and active_tile_fraction
 // matches too: the C++ tables mean what the exporter's mean. Needs the CPU PJRT plugin.
@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/job_validation.h"
+#include "jobspec/job_validation.h"
 #include "gtest/gtest.h"
-#include "client/job_bundle.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "bundle/job_bundle.h"
+#include "runtime/backends.h"
+#include "bundle/example_job.h"
+#include "testing/example_runner.h"
+#include "testing/sparse_tables.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 #include "worker/sparse/plan_batches.h"
 
 namespace meshrun {

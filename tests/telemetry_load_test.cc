@@ -22,9 +22,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
-#include "services/telemetry_uploader.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
+#include "worker_service/telemetry_uploader.h"
 #include "tests/watch_fleet.h"
 
 namespace meshrun::services {

@@ -17,14 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
-#include "services/coordinator_server.h"
-#include "services/server_support.h"
+#include "coordinator_service/coordinator_server.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {
 
 constexpr int kBurst = 200;  // below the per-watcher queue (256): nothing overflows
-constexpr int kMaxBatch = 64;  // summaries per batch (services/watch_stream.cc)
+constexpr int kMaxBatch = 64;  // summaries per batch (coordinator_service/watch_stream.cc)
 
 // The stream read: its steps in order, and how many summaries each message held.
 struct Received {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/array_file.h"
-#include "worker/runtime/types.h"
+#include "runtime/types.h"
 #include "worker/step_loop.h"
 
 namespace meshrun::worker {

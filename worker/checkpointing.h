@@ -29,7 +29,7 @@
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/job.pb.h"
 #include "worker/metrics.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 #include "worker/step_loop.h"
 
 namespace meshrun::worker {

@@ -29,13 +29,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/protocol.h"
 #include "common/sha256.h"
 
 namespace meshrun::worker {
 
 class ExecutableStore {
  public:
-  static constexpr int64_t kMaxChunkBytes = 1 << 20;
+  static constexpr int64_t kMaxChunkBytes = kMaxExecutableChunkBytes;
 
   // An executable arriving in order, chunk by chunk. Append only checks and queues a chunk
   // (at most kMaxQueuedChunks wait; then it blocks): a thread of the upload hashes and writes

@@ -66,7 +66,7 @@
 #include "telemetry/cadence.h"
 #include "telemetry/combine.h"
 #include "worker/metrics.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 #include "worker/telemetry_reducer.h"
 
 namespace meshrun::worker {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/runtime/example_job.h"
+#include "runtime/shard.h"
 #include "worker/step_loop_internal.h"
 
 namespace meshrun::worker {

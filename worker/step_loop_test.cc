@@ -24,9 +24,9 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "worker/metrics.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/compile_options.h"
-#include "worker/runtime/example_job.h"
+#include "runtime/backends.h"
+#include "runtime/compile_options.h"
+#include "bundle/example_job.h"
 
 namespace meshrun::worker {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
-#include "worker/runtime/compile_options.h"
+#include "runtime/compile_options.h"
 
 namespace meshrun::worker {
 namespace {

@@ -27,7 +27,7 @@
 #include "common/clock.h"
 #include "telemetry/combine.h"
 #include "worker/metrics.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::worker {
 

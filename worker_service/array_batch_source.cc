@@ -1,10 +1,10 @@
-#include "services/array_batch_source.h"
+#include "worker_service/array_batch_source.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/array_data.h"
+#include "jobspec/array_data.h"
 #include "worker/array_batches.h"
 #include "worker/array_file.h"
 

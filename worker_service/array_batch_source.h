@@ -13,7 +13,7 @@ namespace meshrun::services {
 
 // `replica_index`: this host's place among the job's host replicas (0 on one host).
 // Errors: FAILED_PRECONDITION (the file's sha256 is not the receipt's: it differs between hosts
-// or changed since submit), INVALID_ARGUMENT / NOT_FOUND (coordinator/array_data.h, ArrayFile).
+// or changed since submit), INVALID_ARGUMENT / NOT_FOUND (jobspec/array_data.h, ArrayFile).
 absl::StatusOr<std::unique_ptr<worker::BatchSource>> ArrayFileBatchesFor(
     const v1::JobManifest& manifest, int replica_index);
 

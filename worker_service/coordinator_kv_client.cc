@@ -1,7 +1,7 @@
-#include "services/coordinator_kv_client.h"
+#include "worker_service/coordinator_kv_client.h"
 
 #include "common/grpc_status.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "meshrun/v1/coordinator.grpc.pb.h"
-#include "worker/runtime/kv_client.h"
+#include "runtime/kv_client.h"
 
 namespace meshrun::services {
 

@@ -1,4 +1,4 @@
-#include "services/gce_metadata.h"
+#include "worker_service/gce_metadata.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>

@@ -1,4 +1,4 @@
-#include "services/gce_metadata.h"
+#include "worker_service/gce_metadata.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

@@ -1,11 +1,11 @@
-#include "services/telemetry_uploader.h"
+#include "worker_service/telemetry_uploader.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 

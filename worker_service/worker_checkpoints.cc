@@ -1,4 +1,4 @@
-#include "services/worker_checkpoints.h"
+#include "worker_service/worker_checkpoints.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
-#include "services/server_support.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {

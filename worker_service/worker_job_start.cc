@@ -2,34 +2,30 @@
 // executable store, the host's replica and batches, collectives, checkpoints). Split from
 // worker_server.cc, which keeps the RPC surface and the job's end (registration:
 // worker_registration.cc).
-#include "services/worker_server.h"
+#include "worker_service/worker_server.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <set>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_status.h"
-#include "common/protocol.h"
+#include "bundle/example_job.h"
 #include "common/status_macros.h"
-#include "coordinator/job_validation.h"
-#include "coordinator/progress_monitor.h"
-#include "coordinator/spec_limits.h"
-#include "services/array_batch_source.h"
-#include "services/server_support.h"
-#include "services/worker_checkpoints.h"
-#include "services/coordinator_kv_client.h"
-#include "services/proto_convert.h"
-#include "services/runtime_setup.h"
-#include "services/unary_reactor.h"
+#include "jobspec/job_validation.h"
+#include "jobspec/spec_limits.h"
+#include "rpc/proto_convert.h"
+#include "rpc/server_support.h"
+#include "runtime/shard.h"
 #include "telemetry/combine.h"
 #include "worker/batch_sources.h"
 #include "worker/collectives/host_replicas.h"
-#include "worker/runtime/example_job.h"
 #include "worker/sparse/plan_batches.h"
+#include "worker_service/array_batch_source.h"
+#include "worker_service/host_summary_proto.h"
+#include "worker_service/worker_checkpoints.h"
 
 namespace meshrun::services {
 

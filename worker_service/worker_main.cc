@@ -6,14 +6,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "services/binary_setup.h"
-#include "services/gce_metadata.h"
-#include "services/server_support.h"
-#include "services/tls_credentials.h"
-#include "services/worker_server.h"
+#include "rpc/binary_setup.h"
+#include "worker_service/gce_metadata.h"
+#include "rpc/server_support.h"
+#include "rpc/tls_credentials.h"
+#include "worker_service/worker_server.h"
 #include "worker/host_identity.h"
-#include "worker/runtime/backends.h"
-#include "worker/runtime/megascale.h"
+#include "runtime/backends.h"
+#include "runtime/megascale.h"
 
 ABSL_FLAG(std::string, listen, "",
           "HOST:PORT to serve on; port 0 picks a free port; default [::]:7071 with TLS, "
@@ -58,7 +58,7 @@ ABSL_FLAG(int64_t, executable_store_bytes, int64_t{32} << 30,
           "used in the last 10 minutes stay)");
 
 // The process environment, with the TPU variables it lacks from the GCE metadata server
-// (services/gce_metadata.h) as --tpu_metadata says.
+// (worker_service/gce_metadata.h) as --tpu_metadata says.
 meshrun::worker::EnvLookup TpuEnvironment() {
   meshrun::worker::EnvLookup env = meshrun::worker::ProcessEnvironment();
   std::string address = absl::GetFlag(FLAGS_tpu_metadata);

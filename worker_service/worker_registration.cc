@@ -2,7 +2,7 @@
 // and cached executables), heartbeats with job progress, and what a refusal means (fenced: a
 // fresh incarnation; forgotten: register again). Split from worker_server.cc, which keeps the
 // RPC surface, draining and the job's end.
-#include "services/worker_server.h"
+#include "worker_service/worker_server.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,9 +14,9 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
-#include "coordinator/progress_monitor.h"
-#include "services/proto_convert.h"
-#include "services/server_support.h"
+#include "common/protocol.h"
+#include "rpc/proto_convert.h"
+#include "rpc/server_support.h"
 
 namespace meshrun::services {
 
@@ -65,7 +65,7 @@ absl::Status WorkerServer::Heartbeat() {
     if (job_ != nullptr && !job_->loop->result().has_value()) {  // progress, for hang detection
       request.set_job_id(job_->job_id);
       request.set_last_completed_step(job_->loop->last_completed_step());
-      request.set_phase(in_allreduce_ ? coordinator::kPhaseGradientAllReduce : "compute");
+      request.set_phase(in_allreduce_ ? kPhaseGradientAllReduce : "compute");
     }
   }
   v1::HeartbeatResponse response;

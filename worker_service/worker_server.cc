@@ -1,29 +1,20 @@
-#include "services/worker_server.h"
+#include "worker_service/worker_server.h"
 
 #include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
-#include "coordinator/job_validation.h"
-#include "services/server_support.h"
-#include "services/worker_checkpoints.h"
-#include "services/coordinator_kv_client.h"
-#include "services/proto_convert.h"
-#include "services/runtime_setup.h"
-#include "services/unary_reactor.h"
-#include "telemetry/combine.h"
-#include "worker/batch_sources.h"
-#include "worker/collectives/host_replicas.h"
-#include "worker/runtime/example_job.h"
-#include "worker/sparse/plan_batches.h"
+#include "rpc/proto_convert.h"
+#include "rpc/server_support.h"
+#include "rpc/unary_reactor.h"
+#include "runtime/runtime_setup.h"
+#include "worker_service/coordinator_kv_client.h"
+#include "worker_service/worker_checkpoints.h"
 
 namespace meshrun::services {
 class WorkerServer::Service final : public v1::Worker::CallbackService {

@@ -1,7 +1,8 @@
 """meshrun's Python SDK: export a JAX training step as a bundle (meshrun.export), write its data
 (meshrun.data), and drive a cluster (meshrun.Client). See docs/bring_your_own_model.md."""
-from meshrun.bundle import BundleError, job_spec_from_bundle, read_bundle
+from meshrun.bundle import job_spec_from_bundle, read_bundle
 from meshrun.client import Client
+from meshrun.errors import BundleError
 
 __all__ = ["BundleError", "Client", "job_spec_from_bundle", "read_bundle"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """Reads a bundle directory (job.json + programs, as meshrun.export or examples/ write it) as the
 typed JobBundle (proto/meshrun/v1/bundle.proto) and turns it into the JobSpec a client submits:
-the Python twin of the CLI's client/job_bundle.cc.
+the Python twin of the CLI's bundle/job_bundle.cc.
 
 job.json is a JobBundle in proto3 JSON, parsed strictly: an unknown or mistyped field is an
 error naming it. Only what a run needs is required: `reference` and `compile_options_jax` are
@@ -11,6 +11,8 @@ import os
 
 from google.protobuf import json_format
 
+from meshrun.checkpoints import apply_checkpoint_options
+from meshrun.errors import BundleError
 from meshrun.v1 import bundle_pb2, job_pb2, telemetry_pb2
 
 ROLES = ("data", "model", "expert")
@@ -18,10 +20,6 @@ _FAMILIES = {"": job_pb2.MODEL_FAMILY_DENSE, "dense": job_pb2.MODEL_FAMILY_DENSE
              "moe": job_pb2.MODEL_FAMILY_MOE, "mamba": job_pb2.MODEL_FAMILY_MAMBA}
 _TABLES = ("block_mask", "data_next", "mask_next", "grid_width", "partial_masks")
 _SHARD_MAGIC = b"MRTOKSHD"
-
-
-class BundleError(ValueError):
-    """A malformed bundle; the message names the file and field."""
 
 
 def _null_sharding_to_empty(obj):
@@ -118,7 +116,6 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
     (meshrun.data.write_arrays: the step's batch inputs); or a token shard glob.
     checkpoint_dir, checkpoint_every, keep_checkpoints, resume_from, max_restarts, get_job:
     meshrun.checkpoints.apply_checkpoint_options (docs/checkpoints.md)."""
-    from meshrun.checkpoints import apply_checkpoint_options  # it imports BundleError from here
     if steps < 1 or cadence < 1:
         raise BundleError("steps and cadence must be >= 1")
     parsed, path = read_bundle(bundle)

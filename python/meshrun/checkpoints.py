@@ -1,9 +1,9 @@
 """Checkpoint options of a JobSpec (docs/checkpoints.md): the Python twin of the CLI's
-services/cli_checkpoints.cc (--checkpoint_dir, --checkpoint_every, --keep_checkpoints,
+cli/cli_checkpoints.cc (--checkpoint_dir, --checkpoint_every, --keep_checkpoints,
 --resume_from), plus max_restarts. Paths become absolute: the workers read them."""
 import os
 
-from meshrun.bundle import BundleError
+from meshrun.errors import BundleError
 
 MANIFEST_FILE = "meshrun_checkpoint.json"   # checkpoint/store.h kManifestFile
 _TEMP_SUFFIX = ".meshrun-tmp"               # checkpoint/store.cc kTempSuffix

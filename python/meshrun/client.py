@@ -12,12 +12,13 @@ import time
 
 import grpc
 
-from meshrun.bundle import BundleError, job_spec_from_bundle
+from meshrun.bundle import job_spec_from_bundle
 from meshrun.checkpoints import apply_checkpoint_options
+from meshrun.errors import BundleError
 from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
-COORDINATOR_TLS_NAME = "meshrun-coordinator"  # services/cert_authority.h kCoordinatorDnsName
+COORDINATOR_TLS_NAME = "meshrun-coordinator"  # rpc/cert_authority.h kCoordinatorDnsName
 _TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 

@@ -5,7 +5,7 @@ array of the batch in the job's input order (the pytree's leaf order), raw littl
 row-major, no header or padding. Shapes and dtypes live in job.json's data.arrays."""
 import numpy as np
 
-# numpy dtype name -> meshrun dtype name (worker/runtime/types.cc)
+# numpy dtype name -> meshrun dtype name (runtime/types.cc)
 DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
                "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
                "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "pred"}

@@ -1,5 +1,5 @@
 // The PJRT C API as the PJRT backend calls it (pjrt_api.h).
-#include "worker/runtime/pjrt/pjrt_api.h"
+#include "runtime/pjrt/pjrt_api.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // The PJRT C API as meshrun's PJRT backend calls it: argument and feature macros, errors and
 // events, dtypes, plugins and the key-value callbacks a client is created with. Internal to
-// worker/runtime/pjrt/.
+// runtime/pjrt/.
 //
 // Plugins are loaded once per process and path (dlopen + GetPjrtApi) and never unloaded.
 // Thread-safety: LoadPlugin is safe to call concurrently; the rest are pure functions or, for
@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 // True when the plugin's function table is long enough to hold `fn` and fills it. A plugin

@@ -1,4 +1,4 @@
-#include "worker/runtime/pjrt/pjrt_runtime.h"
+#include "runtime/pjrt/pjrt_runtime.h"
 
 #include <cstddef>
 #include <cstdlib>
@@ -11,8 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/runtime/hlo_signature.h"
-#include "worker/runtime/pjrt/pjrt_api.h"
+#include "runtime/hlo_signature.h"
+#include "runtime/pjrt/pjrt_api.h"
+#include "runtime/pjrt/pjrt_objects.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 namespace meshrun::runtime {
@@ -24,249 +25,13 @@ using pjrt::NamedValueToString;
 using pjrt::Plugin;
 using pjrt::ToPjrt;
 
-// ---- client state shared by the runtime, its executables and buffers ----
-
-struct PjrtRuntime::State {
-  const Plugin* plugin = nullptr;
-  const PJRT_Api* api = nullptr;
-  PJRT_Client* client = nullptr;
-  std::shared_ptr<KeyValueClient> kv;  // the plugin may call it for the client's lifetime
-  Clock* clock = nullptr;
-  RuntimeIdentity identity;
-  std::vector<DeviceDescription> devices;
-  std::vector<DeviceDescription> addressable;
-  std::vector<PJRT_Device*> addressable_handles;
-  std::unordered_map<const PJRT_Device*, int> device_index;
-
-  absl::Mutex mu;
-  RuntimeCounters counters ABSL_GUARDED_BY(mu);
-
-  ~State() {
-    if (client == nullptr) return;
-    PJRT_ARGS(PJRT_Client_Destroy_Args, destroy);
-    destroy.client = client;
-    ErrorToStatus(api, api->PJRT_Client_Destroy(&destroy), "PJRT_Client_Destroy").IgnoreError();
-  }
-};
-
 namespace {
 
 using State = PjrtRuntime::State;
-
-class PjrtBuffer final : public DeviceBuffer {
- public:
-  PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer, ArrayShape shape, int device_index)
-      : state_(std::move(state)), buffer_(buffer), own_shape_(std::move(shape)),
-        shape_(&own_shape_), device_index_(device_index) {}
-  // An execution's output: its shape is `(*shapes)[index]`, the executable's, shared rather
-  // than copied (an allocation per output per step otherwise).
-  PjrtBuffer(std::shared_ptr<State> state, PJRT_Buffer* buffer,
-             std::shared_ptr<const std::vector<ArrayShape>> shapes, size_t index,
-             int device_index)
-      : state_(std::move(state)), buffer_(buffer), shapes_(std::move(shapes)),
-        shape_(&(*shapes_)[index]), device_index_(device_index) {}
-  PjrtBuffer(const PjrtBuffer&) = delete;
-  PjrtBuffer& operator=(const PjrtBuffer&) = delete;
-  ~PjrtBuffer() override {
-    PJRT_ARGS(PJRT_Buffer_Destroy_Args, destroy);
-    destroy.buffer = buffer_;
-    ErrorToStatus(state_->api, state_->api->PJRT_Buffer_Destroy(&destroy), "PJRT_Buffer_Destroy")
-        .IgnoreError();
-  }
-  const ArrayShape& shape() const override { return *shape_; }
-  int device_index() const override { return device_index_; }
-  bool IsDeleted() const override {
-    PJRT_ARGS(PJRT_Buffer_IsDeleted_Args, args);
-    args.buffer = buffer_;
-    if (!PJRT_CALL(state_->api, PJRT_Buffer_IsDeleted, args).ok()) return true;
-    return args.is_deleted;
-  }
-  const State* state() const { return state_.get(); }
-  PJRT_Buffer* handle() const { return buffer_; }
-
-  // `buffer` as a PjrtBuffer, or null. PjrtBuffer is final, so comparing the dynamic type is
-  // exact, and cheaper than dynamic_cast (which Launch called once per input per step).
-  static const PjrtBuffer* Of(const DeviceBuffer* buffer) {
-    return buffer != nullptr && typeid(*buffer) == typeid(PjrtBuffer)
-               ? static_cast<const PjrtBuffer*>(buffer)
-               : nullptr;
-  }
-
- private:
-  std::shared_ptr<State> state_;
-  PJRT_Buffer* buffer_;
-  ArrayShape own_shape_;
-  std::shared_ptr<const std::vector<ArrayShape>> shapes_;
-  const ArrayShape* shape_;  // own_shape_ or in shapes_
-  int device_index_;
-};
-
-class PjrtExecutable final : public Executable {
- public:
-  PjrtExecutable(std::shared_ptr<State> state, PJRT_LoadedExecutable* loaded)
-      : state_(std::move(state)), loaded_(loaded) {}
-  ~PjrtExecutable() override {
-    PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args, destroy);
-    destroy.executable = loaded_;
-    ErrorToStatus(state_->api, state_->api->PJRT_LoadedExecutable_Destroy(&destroy),
-                  "PJRT_LoadedExecutable_Destroy")
-        .IgnoreError();
-  }
-  const std::vector<int>& device_indices() const override { return device_indices_; }
-  const std::vector<ArrayShape>& output_shapes() const override { return *output_shapes_; }
-  const std::optional<ProgramSignature>& signature() const override { return signature_; }
-  const std::string& fingerprint() const override { return fingerprint_; }
-
-  // Reads devices, outputs and fingerprint from the plugin and checks them against `signature`.
-  absl::Status Describe(std::optional<ProgramSignature> signature);
-
-  const State* state() const { return state_.get(); }
-  PJRT_LoadedExecutable* handle() const { return loaded_; }
-  size_t num_outputs() const { return num_outputs_; }
-  // Every output's shape as compiled, when the plugin reports them; else null.
-  const std::shared_ptr<const std::vector<ArrayShape>>& known_output_shapes() const {
-    return known_output_shapes_;
-  }
-
-  // The inputs of [0, num_args) not in `donate`, as PJRT_ExecuteOptions wants them. A loop
-  // passes the same list every step, so the answer is kept for the last list asked about.
-  std::shared_ptr<const std::vector<int64_t>> NonDonated(const std::vector<int>& donate,
-                                                         size_t num_args) const;
-
- private:
-  std::shared_ptr<State> state_;
-  PJRT_LoadedExecutable* loaded_;
-  std::vector<int> device_indices_;
-  std::shared_ptr<std::vector<ArrayShape>> output_shapes_ =
-      std::make_shared<std::vector<ArrayShape>>();
-  std::shared_ptr<const std::vector<ArrayShape>> known_output_shapes_;  // set by Describe
-  std::optional<ProgramSignature> signature_;
-  std::string fingerprint_;
-  size_t num_outputs_ = 0;
-
-  mutable absl::Mutex keep_mu_;
-  mutable std::vector<int> donated_ ABSL_GUARDED_BY(keep_mu_);
-  mutable size_t keep_args_ ABSL_GUARDED_BY(keep_mu_) = 0;
-  mutable std::shared_ptr<const std::vector<int64_t>> keep_ ABSL_GUARDED_BY(keep_mu_);
-};
-
-std::shared_ptr<const std::vector<int64_t>> PjrtExecutable::NonDonated(
-    const std::vector<int>& donate, size_t num_args) const {
-  absl::MutexLock lock(&keep_mu_);
-  if (keep_ == nullptr || keep_args_ != num_args || donated_ != donate) {
-    std::vector<bool> donated(num_args, false);
-    for (int index : donate) donated[index] = true;  // in range: CheckExecuteArgs
-    auto keep = std::make_shared<std::vector<int64_t>>();
-    keep->reserve(num_args);
-    for (size_t i = 0; i < num_args; ++i) {
-      if (!donated[i]) keep->push_back(static_cast<int64_t>(i));
-    }
-    keep_ = std::move(keep);
-    keep_args_ = num_args;
-    donated_ = donate;
-  }
-  return keep_;
-}
-
-// Runs `fn` with the PJRT_Executable behind `loaded`, then releases it.
-template <typename Fn>
-absl::Status WithExecutable(const PJRT_Api* api, PJRT_LoadedExecutable* loaded, Fn fn) {
-  PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args, get);
-  get.loaded_executable = loaded;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_GetExecutable, get));
-  absl::Status status = fn(get.executable);
-  PJRT_ARGS(PJRT_Executable_Destroy_Args, destroy);
-  destroy.executable = get.executable;
-  api->PJRT_Executable_Destroy(&destroy);
-  return status;
-}
-
-// The declared inputs against the parameters of the optimized program (hlo_signature.h). A
-// plugin that cannot hand the program back, or a program meshrun cannot read the parameters of,
-// is not checked here: Execute still checks every argument against the signature.
-absl::Status CheckCompiledInputs(const PJRT_Api* api, PJRT_Executable* exe,
-                                 const ProgramSignature& signature) {
-  PJRT_ARGS(PJRT_Program, program);
-  PJRT_ARGS(PJRT_Executable_OptimizedProgram_Args, args);
-  args.executable = exe;
-  args.program = &program;
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
-  std::string code(program.code_size, '\0');
-  program.code = code.data();
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
-  absl::StatusOr<std::vector<ArrayShape>> parameters = EntryParameterShapes(
-      code, absl::string_view(program.format == nullptr ? "" : program.format,
-                              program.format_size));
-  if (!parameters.ok()) return absl::OkStatus();
-  return CheckDeclaredInputs(*parameters, signature);
-}
-
-absl::Status PjrtExecutable::Describe(std::optional<ProgramSignature> signature) {
-  const PJRT_Api* api = state_->api;
-  PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args, devices);
-  devices.executable = loaded_;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_LoadedExecutable_AddressableDevices, devices));
-  for (size_t i = 0; i < devices.num_addressable_devices; ++i) {
-    auto it = state_->device_index.find(devices.addressable_devices[i]);
-    if (it == state_->device_index.end()) {
-      return absl::InternalError("executable runs on a device the client does not list");
-    }
-    device_indices_.push_back(it->second);
-  }
-  RETURN_IF_ERROR(WithExecutable(api, loaded_, [&](PJRT_Executable* exe) -> absl::Status {
-    PJRT_ARGS(PJRT_Executable_NumOutputs_Args, outputs);
-    outputs.executable = exe;
-    RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_NumOutputs, outputs));
-    num_outputs_ = outputs.num_outputs;
-    if (PJRT_HAS(api, PJRT_Executable_OutputElementTypes) &&
-        PJRT_HAS(api, PJRT_Executable_OutputDimensions)) {
-      PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args, types);
-      types.executable = exe;
-      RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_OutputElementTypes, types));
-      PJRT_ARGS(PJRT_Executable_OutputDimensions_Args, dims);
-      dims.executable = exe;
-      RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Executable_OutputDimensions, dims));
-      const int64_t* next = dims.dims;
-      for (size_t i = 0; i < dims.num_outputs && i < types.num_output_types; ++i) {
-        ArrayShape shape{FromPjrt(types.output_types[i]), {}};
-        shape.dims.assign(next, next + dims.dim_sizes[i]);
-        next += dims.dim_sizes[i];
-        output_shapes_->push_back(std::move(shape));
-      }
-    }
-    if (signature && PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) {
-      RETURN_IF_ERROR(CheckCompiledInputs(api, exe, *signature));
-    }
-    if (PJRT_HAS(api, PJRT_Executable_Fingerprint)) {
-      PJRT_ARGS(PJRT_Executable_Fingerprint_Args, fp);
-      fp.executable = exe;
-      // Plugins without fingerprints answer UNIMPLEMENTED; the fingerprint is then empty.
-      if (PJRT_CALL(api, PJRT_Executable_Fingerprint, fp).ok()) {
-        fingerprint_.assign(fp.executable_fingerprint, fp.executable_fingerprint_size);
-      }
-    }
-    return absl::OkStatus();
-  }));
-  if (signature) {
-    if (signature->outputs.size() != num_outputs_) {
-      return absl::InvalidArgumentError(absl::StrCat("signature declares ",
-                                                     signature->outputs.size(),
-                                                     " outputs, the program returns ",
-                                                     num_outputs_));
-    }
-    for (size_t i = 0; i < output_shapes_->size(); ++i) {
-      if ((*output_shapes_)[i] != signature->outputs[i].shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "output ", i, " '", signature->outputs[i].name, "': signature declares ",
-            ToString(signature->outputs[i].shape), ", the program returns ",
-            ToString((*output_shapes_)[i])));
-      }
-    }
-  }
-  if (output_shapes_->size() == num_outputs_) known_output_shapes_ = output_shapes_;
-  signature_ = std::move(signature);
-  return absl::OkStatus();
-}
+using pjrt::BufferShape;
+using pjrt::PjrtBuffer;
+using pjrt::PjrtExecutable;
+using pjrt::WithExecutable;
 
 absl::StatusOr<DeviceDescription> Describe(const PJRT_Api* api, PJRT_Device* device,
                                            const std::string& platform) {
@@ -302,16 +67,6 @@ absl::StatusOr<DeviceDescription> Describe(const PJRT_Api* api, PJRT_Device* dev
   // The names torch_xla and the seeds use: "TPU:3" on TPU, "<platform>:<id>" elsewhere.
   out.runtime_name = absl::StrCat(platform == "tpu" ? "TPU" : platform, ":", out.global_id);
   return out;
-}
-
-absl::StatusOr<ArrayShape> BufferShape(const PJRT_Api* api, PJRT_Buffer* buffer) {
-  PJRT_ARGS(PJRT_Buffer_ElementType_Args, type);
-  type.buffer = buffer;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_ElementType, type));
-  PJRT_ARGS(PJRT_Buffer_Dimensions_Args, dims);
-  dims.buffer = buffer;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Buffer_Dimensions, dims));
-  return ArrayShape{FromPjrt(type.type), std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims)};
 }
 
 void AddTransfer(TransferCounter& counter, int64_t bytes, absl::Duration time) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::runtime {
 

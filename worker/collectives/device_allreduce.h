@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "worker/collectives/host_allreduce.h"
 #include "worker/metrics.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 
 namespace meshrun::worker::collectives {
 

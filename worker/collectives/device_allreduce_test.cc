@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "worker/runtime/backends.h"
+#include "runtime/backends.h"
 
 namespace meshrun::worker::collectives {
 namespace {

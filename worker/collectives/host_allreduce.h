@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "worker/runtime/kv_client.h"
+#include "runtime/kv_client.h"
 
 namespace gloo {
 class Context;

@@ -10,7 +10,7 @@
 
 #include "worker/collectives/host_allreduce.h"
 #include "worker/metrics.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 #include "worker/step_loop.h"
 
 namespace meshrun::worker::collectives {

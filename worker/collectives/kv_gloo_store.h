@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
-#include "worker/runtime/kv_client.h"
+#include "runtime/kv_client.h"
 
 namespace meshrun::worker::collectives {
 

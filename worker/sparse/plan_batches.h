@@ -15,8 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/metrics.h"
-#include "worker/runtime/example_job.h"
-#include "worker/runtime/runtime.h"
+#include "runtime/runtime.h"
 #include "worker/sparse/block_plan.h"
 #include "worker/sparse/plan_tables.h"
 #include "worker/step_loop.h"
@@ -49,14 +48,5 @@ class PlanBatches final : public BatchSource {
   explicit PlanBatches(Config config) : config_(std::move(config)) {}
   Config config_;
 };
-
-// For tests and benchmarks: gives an example job (examples/, its batches holding doc_ids at
-// `doc_ids_index`) the plan tables its step takes after the data arrays, built by PlanBatches
-// with `builder`: each batch gets them appended and data_arrays gets the step's table inputs,
-// so an ExampleRunner runs the sparse step as the worker does. Errors: InvalidArgument when a
-// trailing step input is not a plan table; PlanBatches' errors. On error `job` may be partly
-// changed.
-absl::Status AppendPlanTables(std::shared_ptr<const PlanBuilder> builder, int doc_ids_index,
-                              runtime::ExampleJob& job);
 
 }  // namespace meshrun::worker::sparse

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "worker/batch_sources.h"
-#include "worker/runtime/example_job.h"
+#include "bundle/example_job.h"
 
 namespace meshrun::worker::sparse {
 namespace {

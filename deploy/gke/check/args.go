@@ -3,7 +3,7 @@ package main
 // The checks on what the manifests run, beyond their schema (-flags BINDIR): every command
 // line of a meshrun binary (container command+args and exec probes) uses only flags that
 // binary's --helpfull lists, no meshrun server listens beyond loopback in plaintext (it would
-// refuse to start: services/tls_credentials.cc CheckPlaintextBind), every $(VAR) a command
+// refuse to start: rpc/tls_credentials.cc CheckPlaintextBind), every $(VAR) a command
 // line or env value uses is defined before, and every file flag points into a mounted volume.
 
 import (

@@ -4,7 +4,7 @@
 // -flags, the command lines the pods run are checked against the built binaries (args.go).
 //
 //	go run . ../                        # exits 1 on the first bad document, 0 when all decode
-//	go run . -flags ../../../build/services ../
+//	go run . -flags ../../../build/bin ../
 package main
 
 import (

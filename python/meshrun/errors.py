@@ -1,0 +1,6 @@
+"""The errors the SDK raises for what a user wrote: a module of its own so that every other
+module may import it without importing each other."""
+
+
+class BundleError(ValueError):
+    """A malformed bundle or job option; the message names the file and field."""
