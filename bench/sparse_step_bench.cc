@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(path, {});
   if (!spec.ok()) return Fail("read bundle", spec.status());
   const worker::sparse::MaskContract contract =
-      coordinator::SparseContractOf(spec->sparse_attention());
+      jobspec::SparseContractOf(spec->sparse_attention());
   auto created = worker::sparse::PlanBuilder::Create(contract);
   if (!created.ok()) return Fail("planner", created.status());
   const std::shared_ptr<const worker::sparse::PlanBuilder> builder = std::move(*created);

@@ -230,7 +230,7 @@ int Submit(const std::vector<std::string>& args) {
     get.set_job_id(response.job_id());
     auto get_context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
     CheckCall(stub->GetJob(get_context.get(), get, &job), "get");
-    if (coordinator::IsFinal(job.state()) || absl::Now() >= give_up) break;
+    if (jobspec::IsFinal(job.state()) || absl::Now() >= give_up) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   if (JsonOutput()) {
@@ -239,7 +239,7 @@ int Submit(const std::vector<std::string>& args) {
     std::printf("%s", ManifestText(job).c_str());
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) return 0;
-  return coordinator::IsFinal(job.state()) ? kExitJobFailed : kExitStillRunning;
+  return jobspec::IsFinal(job.state()) ? kExitJobFailed : kExitStillRunning;
 }
 
 int Get(const std::vector<std::string>& args) {

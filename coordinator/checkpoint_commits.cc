@@ -22,9 +22,9 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
     return absl::FailedPreconditionError(
         absl::StrCat("job ", report.job_id(), " has no checkpoint policy"));
   }
-  if (IsFinal(job.state())) {
+  if (jobspec::IsFinal(job.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", report.job_id(), " already ended ", JobStateName(job.state()),
+        "job ", report.job_id(), " already ended ", jobspec::JobStateName(job.state()),
         "; its checkpoint of step ", report.step(), " is not committed"));
   }
   // A host that survived a restart keeps its incarnation: the run number tells its old run's
@@ -83,7 +83,7 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
   // The run may have ended while the reports came in (Forget then ran before this step was
   // complete): its checkpoint is not the job's any more.
   ASSIGN_OR_RETURN(job, jobs_->Get(report.job_id()));
-  if (IsFinal(job.state()) || job.attempts_size() != report.attempt()) {
+  if (jobspec::IsFinal(job.state()) || job.attempts_size() != report.attempt()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "run ", int64_t{report.attempt()} + 1, " of job ", report.job_id(),
         " ended before its checkpoint of step ", report.step(), " was complete"));

@@ -275,7 +275,7 @@ int64_t CoordinatorTelemetry::LatestStep(const std::string& job_id) const {
 }
 
 void CoordinatorTelemetry::ShowLiveStep(v1::JobManifest* job) const {
-  if (coordinator::IsFinal(job->state())) return;  // the final report's step stands
+  if (jobspec::IsFinal(job->state())) return;  // the final report's step stands
   job->set_last_step(std::max(job->last_step(), LatestStep(job->job_id())));
 }
 

@@ -14,6 +14,9 @@
 
 namespace meshrun::coordinator {
 
+using jobspec::IsFinal;
+using jobspec::JobStateName;
+
 absl::Status CheckJobMember(const v1::JobManifest& job, const std::string& host,
                             const std::string& incarnation) {
   auto member = job.host_incarnations().find(host);

@@ -6,6 +6,9 @@
 #include <vector>
 
 namespace meshrun::coordinator {
+
+using jobspec::IsFinal;
+using jobspec::JobStateName;
 namespace {
 
 using v1::JobState;

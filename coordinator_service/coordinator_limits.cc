@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<SubmitAdmission>> SubmitAdmission::Create(
 
 absl::Status SubmitAdmission::Admit(const std::string& client, const v1::JobSpec& spec) {
   RETURN_IF_ERROR(rate_->Admit(client));
-  return coordinator::CheckSpecPaths(spec, roots_);
+  return jobspec::CheckSpecPaths(spec, roots_);
 }
 
 }  // namespace meshrun::services

@@ -64,7 +64,7 @@ class SubmitAdmission {
   static absl::StatusOr<std::unique_ptr<SubmitAdmission>> Create(const CoordinatorLimits& limits,
                                                                  const std::string& state_dir);
 
-  // The rate limit of `client`, then the paths `spec` names (coordinator::CheckSpecPaths).
+  // The rate limit of `client`, then the paths `spec` names (jobspec::CheckSpecPaths).
   // Errors: RESOURCE_EXHAUSTED (over the rate), INVALID_ARGUMENT (a path outside the roots).
   absl::Status Admit(const std::string& client, const v1::JobSpec& spec);
 

@@ -116,9 +116,9 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
   if (draining_) return absl::UnavailableError("coordinator is draining; submit elsewhere");
   // limits: the rate, and no path outside --data_root is opened below.
   if (admission_ != nullptr) RETURN_IF_ERROR(admission_->Admit(client, request.spec()));
-  RETURN_IF_ERROR(coordinator::ValidateJobSpec(request.spec()));
-  ASSIGN_OR_RETURN(v1::DataReceipt receipt, coordinator::ReadDataReceipt(request.spec()));
-  ASSIGN_OR_RETURN(const int64_t restored_step, coordinator::RestoredStep(request.spec()));
+  RETURN_IF_ERROR(jobspec::ValidateJobSpec(request.spec()));
+  ASSIGN_OR_RETURN(v1::DataReceipt receipt, jobspec::ReadDataReceipt(request.spec()));
+  ASSIGN_OR_RETURN(const int64_t restored_step, jobspec::RestoredStep(request.spec()));
   // limits: program bytes go to the program store, the job table keeps the spec without them.
   std::map<std::string, std::string> programs;
   if (admission_ != nullptr) {
@@ -184,7 +184,7 @@ absl::Status CoordinatorRpcHandler::ReportJobProgress(const v1::ReportJobProgres
   }
   absl::Status status = launcher_->Report(request);
   // A job from before a coordinator restart: its telemetry was resumed and ends with its hosts.
-  if (absl::IsNotFound(status) && coordinator::IsFinal(request.state())) {
+  if (absl::IsNotFound(status) && jobspec::IsFinal(request.state())) {
     telemetry_->HostEnded(request.job_id(), request.host());
   }
   return status;

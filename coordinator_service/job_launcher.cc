@@ -9,35 +9,19 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "jobspec/job_validation.h"
 #include "coordinator/mesh_planner.h"
 #include "jobspec/spec_limits.h"
 #include "rpc/channel_health.h"
-#include "coordinator_service/executable_transfer.h"
 #include "coordinator_service/registry_proto.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
-#include "runtime/compile_options.h"
 
 namespace meshrun::services {
 using coordinator::WorkerEntry;
 using coordinator::WorkerInfo;
 
-namespace {
-// What `host` holds now, by its own status (its store evicts: worker/executable_store.h); what
-// it registered with when it does not answer within 5 s.
-std::set<std::string> HeldBy(v1::Worker::Stub& stub, const WorkerInfo& host) {
-  v1::WorkerStatusReport status;
-  auto context = ContextWithTimeout(absl::Seconds(5));
-  if (stub.GetStatus(context.get(), v1::GetStatusRequest(), &status).ok() &&
-      status.incarnation() == host.incarnation) {
-    return {status.executable_fingerprints().begin(), status.executable_fingerprints().end()};
-  }
-  return {host.executable_fingerprints.begin(), host.executable_fingerprints.end()};
-}
-}  // namespace
 
 JobLauncher::JobLauncher(Config config) : config_(config) {}
 
@@ -107,7 +91,7 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
   }
   std::set<std::string> busy;
   for (const v1::JobManifest& other : config_.jobs->List()) {
-    if (other.job_id() == job_id || coordinator::IsFinal(other.state())) continue;
+    if (other.job_id() == job_id || jobspec::IsFinal(other.state())) continue;
     for (const auto& [host, incarnation] : other.host_incarnations()) busy.insert(host);
   }
   // A TPU job spans every eligible host with one SPMD program; a CPU job takes its free hosts
@@ -151,13 +135,14 @@ absl::Status JobLauncher::Book(const std::string& job_id, const v1::JobSpec& spe
       (*m.mutable_host_incarnations())[host.host] = host.incarnation;
       (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
     }
-    m.set_compile_mode(coordinator::CompileMode(spec));
+    m.set_compile_mode(jobspec::CompileMode(spec));
   });
 }
 
-absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
+absl::StatusOr<std::optional<JobLauncher::Assignment>> JobLauncher::AssignHosts(
+    const std::string& job_id, int attempts) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
-  if (job.attempts_size() != attempts) return absl::OkStatus();  // restarted again since
+  if (job.attempts_size() != attempts) return std::nullopt;  // restarted again since
   // A restarted job waits for enough healthy hosts (the same host back, or a spare).
   const absl::Time give_up = absl::Now() + (job.attempts_size() > 0 ? config_.restart_wait
                                                                       : absl::ZeroDuration());
@@ -176,114 +161,38 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
     }
     absl::SleepFor(absl::Milliseconds(500));
     ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
-    if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled meanwhile
+    if (jobspec::IsFinal(job.state())) return std::nullopt;  // cancelled meanwhile
   }
   if (!assigned.ok() && attempts > 0 && absl::IsFailedPrecondition(assigned.status())) {
     GiveUpRestart(job, assigned.status());  // no more restarts: waiting again would not help
-    return absl::OkStatus();
+    return std::nullopt;
   }
   RETURN_IF_ERROR(assigned.status());
   RETURN_IF_ERROR(booked);
-  const v1::JobSpec& spec = job.spec();
   const coordinator::MeshPlan& plan = assigned->plan;
-  const std::vector<WorkerInfo>& hosts = assigned->hosts;
   // limits: a declared sharding the planned mesh cannot give fails the job here, named.
-  RETURN_IF_ERROR(coordinator::CheckShardingFitsMesh(spec, plan.axis_names, plan.shape));
+  RETURN_IF_ERROR(jobspec::CheckShardingFitsMesh(job.spec(), plan.axis_names, plan.shape));
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED, attempts));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
+  return std::move(*assigned);
+}
 
-  // ASSIGNED -> LOADING: compile once per key, here when this coordinator runs the job's
-  // runtime, else on the job's first worker (which then already holds the executables).
-  const bool compile_here = config_.runtime != nullptr && config_.runtime->identity() == plan.runtime;
-  const WorkerInfo& compiler = hosts.front();
-  std::vector<int64_t> device_ids(plan.device_ids.begin(), plan.device_ids.end());
-  ASSIGN_OR_RETURN(std::string options,
-                   runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids)));
-  bool all_hits = true;
-  absl::Duration compile_time;
-  std::string compiled_on;
-  std::map<std::string, coordinator::CachedExecutable> executables;  // by fingerprint
-  std::map<std::string, std::string> fingerprints;                  // role -> fingerprint
-  std::set<std::string> compiled_by_worker;                         // fingerprints
-  for (const v1::Program& stored : spec.programs()) {
-    ASSIGN_OR_RETURN(const v1::Program program,
-                     config_.programs != nullptr ? config_.programs->Read(job_id, stored)
-                                                 : absl::StatusOr<v1::Program>(stored));
-    const std::string& program_options =
-        program.compile_options().empty() ? options : program.compile_options();
-    ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
-    const std::string key = coordinator::CacheKey(program.stablehlo(), program_options,
-                                                  plan.device_ids, plan.runtime);
-    bool on_worker = false;
-    ASSIGN_OR_RETURN(
-        auto result,
-        config_.cache->GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
-          if (!compile_here) {
-            on_worker = true;
-            return CompileOnWorker(compiler, program, program_options);
-          }
-          ASSIGN_OR_RETURN(auto executable,
-                           config_.runtime->Compile({.code = program.stablehlo(),
-                                                     .format = "mlir",
-                                                     .compile_options = program_options,
-                                                     .signature = signature}));
-          return config_.runtime->Serialize(*executable);
-        }));
-    if (result.outcome != coordinator::ExecutableCache::Outcome::kHit) {
-      compiled_on = on_worker ? compiler.host : "coordinator";
-    }
-    if (on_worker) compiled_by_worker.insert(result.executable.sha256());
-    all_hits = all_hits && result.outcome == coordinator::ExecutableCache::Outcome::kHit;
-    compile_time += result.compile_time;
-    fingerprints[program.role()] = result.executable.sha256();
-    executables.emplace(result.executable.sha256(), result.executable);
-    spdlog::info("job {} program {}: {} ({} bytes, compile {})", job_id, program.role(),
-                 coordinator::ExecutableCache::OutcomeName(result.outcome),
-                 result.executable.size(), absl::FormatDuration(result.compile_time));
-  }
-  RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
-    m.set_cache_hit(all_hits);
-    m.set_compile_seconds(absl::ToDoubleSeconds(compile_time));
-    m.set_compiled_on(compiled_on);
-    for (const auto& [role, fp] : fingerprints) (*m.mutable_program_fingerprints())[role] = fp;
-  }));
-  RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_LOADING, attempts));
-
-  // Distribute to every worker at once, skipping what each already holds.
-  std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
-  RunConcurrently(hosts.size(), [&](size_t i) {
-    std::set<std::string> held = HeldBy(WorkerStub(hosts[i].address), hosts[i]);
-    if (hosts[i].host == compiler.host) held.insert(compiled_by_worker.begin(), compiled_by_worker.end());
-    sent[i] = Distribute(job_id, hosts[i], executables, held);
-  });
-  int64_t bytes_sent = 0;
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (!sent[i].ok()) {
-      config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(hosts[i].host); })
-          .IgnoreError();
-      return absl::Status(sent[i].status().code(),
-                          absl::StrCat("loading executable on worker ", hosts[i].host, ": ",
-                                       sent[i].status().message()));
-    }
-    bytes_sent += *sent[i];
-  }
-  RETURN_IF_ERROR(config_.jobs->Update(
-      job_id, [&](v1::JobManifest& m) { m.set_executable_bytes_sent(bytes_sent); }));
-
-  // LOADING -> RUNNING: collect telemetry first, then start every worker.
-  ASSIGN_OR_RETURN(job, config_.jobs->Get(job_id));
+absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
+                                       const Assignment& assigned) {
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
   if (job.attempts_size() != attempts) return absl::OkStatus();  // restarted meanwhile
-  if (coordinator::IsFinal(job.state())) return absl::OkStatus();  // cancelled while loading
-  if (config_.telemetry != nullptr && !spec.telemetry().empty()) {
+  if (jobspec::IsFinal(job.state())) return absl::OkStatus();  // cancelled while loading
+  // Telemetry is collected before any worker starts.
+  if (config_.telemetry != nullptr && !job.spec().telemetry().empty()) {
     RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
                                             : config_.telemetry->StartJob(job));
   }
   if (config_.progress != nullptr) {
     std::vector<std::string> names;
-    for (const WorkerInfo& host : hosts) names.push_back(host.host);
+    for (const WorkerInfo& host : assigned.hosts) names.push_back(host.host);
     config_.progress->StartJob(job_id, names);
   }
-  for (const WorkerInfo& host : hosts) {
+  for (const WorkerInfo& host : assigned.hosts) {
     v1::StartJobRequest request;
     request.set_job_id(job_id);
     *request.mutable_manifest() = job;
@@ -308,73 +217,19 @@ absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
   if (!running.ok()) {
     absl::StatusOr<v1::JobManifest> now = config_.jobs->Get(job_id);
     if (now.ok() && now->state() == v1::JOB_STATE_CANCELLED) StopWorkers(*now);
-    if (now.ok() && coordinator::IsFinal(now->state())) return absl::OkStatus();
+    if (now.ok() && jobspec::IsFinal(now->state())) return absl::OkStatus();
   }
   return running;
 }
 
-absl::StatusOr<int64_t> JobLauncher::Distribute(
-    const std::string& job_id, const WorkerInfo& host,
-    const std::map<std::string, coordinator::CachedExecutable>& executables,
-    const std::set<std::string>& held) {
-  int64_t bytes_sent = 0;
-  for (const auto& [fingerprint, executable] : executables) {
-    if (!held.contains(fingerprint)) {
-      const TransferOptions options{.chunk_bytes = config_.chunk_bytes,
-                                    .base_timeout = config_.rpc_timeout};
-      absl::Status sent = SendExecutable(PeerAt(host.address).channel, executable, options);
-      if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
-        spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
-                     sent.ToString());
-        sent = SendExecutable(PeerAt(host.address).channel, executable, options);
-      }
-      RETURN_IF_ERROR(sent);
-      bytes_sent += static_cast<int64_t>(executable.size());
-    }
-    config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
-  }
-  return bytes_sent;
-}
-
-absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
-                                                         const v1::Program& program,
-                                                         const std::string& compile_options) {
-  spdlog::info("compiling program {} on worker {} (this coordinator has another runtime)",
-               program.role(), host.host);
-  auto context = ContextWithTimeout(config_.rpc_timeout);
-  v1::CompileProgramRequest request;
-  *request.mutable_program() = program;
-  request.set_compile_options(compile_options);
-  std::unique_ptr<grpc::ClientReader<v1::LoadExecutableChunk>> reader =
-      WorkerStub(host.address).CompileProgram(context.get(), request);
-  std::string bytes;
-  std::string announced_sha256;
-  int64_t total = -1;
-  v1::LoadExecutableChunk chunk;
-  absl::Status received;
-  while (reader->Read(&chunk)) {
-    if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
-      received = absl::DataLossError("chunk out of order");
-      context->TryCancel();
-      break;
-    }
-    if (chunk.offset() == 0) total = chunk.total_bytes();
-    bytes += chunk.data();
-    if (!chunk.sha256().empty()) announced_sha256 = chunk.sha256();
-  }
-  absl::Status finished = FromGrpcStatus(reader->Finish());
-  if (received.ok()) received = finished;
-  if (received.ok() && (static_cast<int64_t>(bytes.size()) != total ||
-                        Sha256Hex(bytes) != announced_sha256)) {
-    received = absl::DataLossError(absl::StrCat("received ", bytes.size(), " of ", total,
-                                                " bytes or a sha256 mismatch"));
-  }
-  if (!received.ok()) {
-    return absl::Status(received.code(), absl::StrCat("compiling program ", program.role(),
-                                                      " on worker ", host.host, ": ",
-                                                      received.message()));
-  }
-  return bytes;
+absl::Status JobLauncher::RunLaunch(const std::string& job_id, int attempts) {
+  ASSIGN_OR_RETURN(std::optional<Assignment> assigned, AssignHosts(job_id, attempts));
+  if (!assigned.has_value()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
+  ASSIGN_OR_RETURN(CompiledPrograms compiled,
+                   CompilePrograms(job_id, attempts, job.spec(), *assigned));
+  RETURN_IF_ERROR(DistributeExecutables(job_id, *assigned, compiled));
+  return StartWorkers(job_id, attempts, *assigned);
 }
 
 absl::Status JobLauncher::Cancel(const std::string& job_id) {
@@ -415,9 +270,9 @@ void JobLauncher::StopWorkers(const v1::JobManifest& job) {
 absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(report.job_id()));
   RETURN_IF_ERROR(coordinator::CheckJobMember(job, report.host(), report.incarnation()));
-  if (coordinator::IsFinal(job.state())) {
+  if (jobspec::IsFinal(job.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", report.job_id(), " already ended ", coordinator::JobStateName(job.state())));
+        "job ", report.job_id(), " already ended ", jobspec::JobStateName(job.state())));
   }
   if (report.attempt() != job.attempts_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -515,7 +370,7 @@ void JobLauncher::OnWorkerDead(const WorkerEntry& dead) {
                                          dead.info.incarnation, ") is DEAD: ", dead.state_reason);
   for (const v1::JobManifest& job : config_.jobs->List()) {
     auto it = job.host_incarnations().find(dead.info.host);
-    if (!coordinator::IsFinal(job.state()) && it != job.host_incarnations().end() &&
+    if (!jobspec::IsFinal(job.state()) && it != job.host_incarnations().end() &&
         it->second == dead.info.incarnation) {
       MaybeRestart(job.job_id(), dead.info.host, error);
     }

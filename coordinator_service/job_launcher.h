@@ -17,6 +17,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -123,6 +124,28 @@ class JobLauncher {
   // PENDING -> ASSIGNED's choice: the runtime pin, the hosts and the mesh, from the workers
   // alive now. Errors: FAILED_PRECONDITION (no eligible worker, no mesh fits; named).
   absl::StatusOr<Assignment> Plan(const v1::JobManifest& job);
+  // RunLaunch's steps, one per state it moves the job to.
+  // PENDING -> ASSIGNED: plans and books hosts (a restarted job waits up to restart_wait for
+  // them), checks the shardings fit the mesh. Null when there is nothing more to do: the job
+  // restarted or ended meanwhile, or a restart gave up. Errors: the planner's, the table's.
+  absl::StatusOr<std::optional<Assignment>> AssignHosts(const std::string& job_id, int attempts);
+  struct CompiledPrograms {
+    std::map<std::string, coordinator::CachedExecutable> executables;  // by fingerprint
+    std::set<std::string> compiled_by_worker;  // fingerprints the compiling worker holds
+  };
+  // ASSIGNED -> LOADING: each program compiled once per cache key, here when this coordinator
+  // runs the job's runtime, else on the job's first worker; the outcome in the manifest.
+  // Errors: the program store's, the compiler's, the table's.
+  absl::StatusOr<CompiledPrograms> CompilePrograms(const std::string& job_id, int attempts,
+                                                   const v1::JobSpec& spec,
+                                                   const Assignment& assigned);
+  // Sends every host what it lacks, all at once; the bytes sent in the manifest. Errors: the
+  // first failed host's transfer, named (and recorded as the failed host).
+  absl::Status DistributeExecutables(const std::string& job_id, const Assignment& assigned,
+                                     const CompiledPrograms& compiled);
+  // LOADING -> RUNNING: telemetry and progress tracking first, then StartJob on every worker.
+  // Errors: the first worker's refusal, named; the table's.
+  absl::Status StartWorkers(const std::string& job_id, int attempts, const Assignment& assigned);
   // Records the plan's mesh and hosts in the job's manifest (the booking Plan reads).
   absl::Status Book(const std::string& job_id, const v1::JobSpec& spec,
                     const Assignment& assigned) ABSL_EXCLUSIVE_LOCKS_REQUIRED(booking_mu_);

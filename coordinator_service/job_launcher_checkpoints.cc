@@ -143,7 +143,7 @@ void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string
 bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& host,
                                const std::string& cause, bool host_at_fault) {
   absl::StatusOr<v1::JobManifest> job = config_.jobs->Get(job_id);
-  if (!job.ok() || coordinator::IsFinal(job->state()) || !job->spec().has_checkpoint()) {
+  if (!job.ok() || jobspec::IsFinal(job->state()) || !job->spec().has_checkpoint()) {
     return false;
   }
   const int max_restarts =

@@ -27,13 +27,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshrun;
   v1::JobSpec spec;
   if (!spec.ParseFromArray(data, static_cast<int>(size))) return -1;  // not a JobSpec: not kept
-  const absl::Status status = coordinator::ValidateJobSpec(spec);
+  const absl::Status status = jobspec::ValidateJobSpec(spec);
   fuzz::ExpectDocumentedError(status, "ValidateJobSpec", {absl::StatusCode::kInvalidArgument});
   if (status.ok()) {
     // What the launcher derives from an accepted spec must be safe to compute too.
-    (void)coordinator::CompileMode(spec);
-    (void)coordinator::SparseContractOf(spec.sparse_attention());
-    (void)coordinator::SparseTableInputs(spec.sparse_attention());
+    (void)jobspec::CompileMode(spec);
+    (void)jobspec::SparseContractOf(spec.sparse_attention());
+    (void)jobspec::SparseTableInputs(spec.sparse_attention());
   }
   return 0;
 }

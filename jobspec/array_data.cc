@@ -6,7 +6,7 @@
 #include "worker/array_file.h"
 #include "runtime/types.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 absl::StatusOr<std::vector<v1::TensorSpec>> ArrayBatchInputs(const v1::JobSpec& spec) {
   const bool mode_b = IsModeB(spec);
@@ -68,4 +68,4 @@ absl::StatusOr<v1::DataReceipt> ArrayFileReceipt(const v1::JobSpec& spec) {
   return receipt;
 }
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "meshrun/v1/job.pb.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 // The inputs an array file fills, in order: the step's (mode B: grad's) inputs after the
 // state (mode B: and the gradient accumulator), before any sparse plan tables.
@@ -26,4 +26,4 @@ absl::StatusOr<int64_t> ArrayRecordBytes(const v1::JobSpec& spec);
 // whole batches), ArrayRecordBytes'.
 absl::StatusOr<v1::DataReceipt> ArrayFileReceipt(const v1::JobSpec& spec);
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -1,6 +1,6 @@
 #include "jobspec/job_states.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 const char* JobStateName(v1::JobState state) {
   switch (state) {
@@ -20,4 +20,4 @@ bool IsFinal(v1::JobState state) {
          state == v1::JOB_STATE_CANCELLED;
 }
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

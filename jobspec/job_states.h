@@ -4,11 +4,11 @@
 
 #include "meshrun/v1/job.pb.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 // "PENDING", "RUNNING", ...; "UNSPECIFIED" for a value outside the enum.
 const char* JobStateName(v1::JobState state);
 // SUCCEEDED, FAILED and CANCELLED end a job; no transition leaves them.
 bool IsFinal(v1::JobState state);
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -17,7 +17,7 @@
 #include "worker/sparse/block_plan.h"
 #include "worker/token_shards.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 namespace {
 
 const std::set<std::string> kDTypes = {"pred", "s8",  "s16", "s32", "s64", "u8",  "u16",
@@ -494,4 +494,4 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return CheckDeclarations(spec);
 }
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -12,7 +12,7 @@
 #include "worker/sparse/mask_contract.h"
 #include "worker/sparse/plan_tables.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 // Errors: INVALID_ARGUMENT naming the field (e.g. "spec.telemetry[1].name \"los\" is not an
 // output of the step program") and, where there is one, the fix.
@@ -44,4 +44,4 @@ bool IsModeB(const v1::JobSpec& spec);
 // "A" or "B", as IsModeB.
 const char* CompileMode(const v1::JobSpec& spec);
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 namespace {
 
 // What an exporter writes besides a test's fields: each tensor's shard_shape (here unsplit: its
@@ -397,4 +397,4 @@ TEST(JobValidationTest, CompileModeFollowsModelFamily) {
 }
 
 }  // namespace
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -7,7 +7,7 @@
 #include "common/status_macros.h"
 #include "runtime/types.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 namespace {
 
 using L = SpecLimits;
@@ -356,4 +356,4 @@ absl::Status CheckShardingFitsMesh(const v1::JobSpec& spec,
   return absl::OkStatus();
 }
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

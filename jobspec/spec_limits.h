@@ -14,7 +14,7 @@
 #include "common/path_roots.h"
 #include "meshrun/v1/job.pb.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 
 struct SpecLimits {
   static constexpr int64_t kMaxNameBytes = 256;            // job, tensor and telemetry names
@@ -72,4 +72,4 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const PathRoots& roots);
 // Errors: as CheckSpecPaths.
 absl::Status CheckWorkerSpecPaths(const v1::JobSpec& spec, const PathRoots& roots);
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

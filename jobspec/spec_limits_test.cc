@@ -10,7 +10,7 @@
 
 #include "jobspec/job_validation.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 namespace {
 
 v1::TensorSpec Tensor(const std::string& name, const std::string& dtype,
@@ -173,4 +173,4 @@ TEST(SpecLimitsTest, CheckedElementsCatchesOverflow) {
 }
 
 }  // namespace
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

@@ -10,7 +10,7 @@
 #include "common/path_roots.h"
 #include "jobspec/spec_limits.h"
 
-namespace meshrun::coordinator {
+namespace meshrun::jobspec {
 namespace {
 namespace fs = std::filesystem;
 
@@ -104,4 +104,4 @@ TEST_F(SpecPathsTest, WorkerPathsIncludeTheBundle) {
 }
 
 }  // namespace
-}  // namespace meshrun::coordinator
+}  // namespace meshrun::jobspec

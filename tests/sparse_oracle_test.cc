@@ -38,9 +38,9 @@ TEST(SparseOracle, LossAndActiveTilesMatchJax) {
   absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(path, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_TRUE(spec->has_sparse_attention());
-  ASSERT_TRUE(coordinator::ValidateJobSpec(*spec).ok()) << coordinator::ValidateJobSpec(*spec);
+  ASSERT_TRUE(jobspec::ValidateJobSpec(*spec).ok()) << jobspec::ValidateJobSpec(*spec);
   auto builder = worker::sparse::PlanBuilder::Create(
-      coordinator::SparseContractOf(spec->sparse_attention()));
+      jobspec::SparseContractOf(spec->sparse_attention()));
   ASSERT_TRUE(builder.ok()) << builder.status();
 
   absl::StatusOr<runtime::ExampleJob> job = runtime::LoadExampleJob(path);

@@ -81,9 +81,11 @@ class Writer {
   std::string body_;
 };
 
-}  // namespace
+using Series = TelemetryReducer::Series;
+using ReducerConfig = TelemetryReducer::Config;
 
-absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Config config) {
+// Errors: INVALID_ARGUMENT naming what the config lacks or gets wrong.
+absl::Status CheckConfig(const ReducerConfig& config) {
   if (config.runtime == nullptr) return absl::InvalidArgumentError("no runtime given");
   if (config.series.empty()) return absl::InvalidArgumentError("no telemetry series to reduce");
   const size_t num_devices = config.device_indices.size();
@@ -101,57 +103,128 @@ absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Confi
       return absl::InvalidArgumentError(absl::StrCat("device index ", d, " is not addressable"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Per series: the positions (into device_indices) whose shards it combines.
-  std::vector<std::vector<int>> representatives;
-  bool collective = false;
-  for (const Series& s : config.series) {
-    if (s.shape.NumElements() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("telemetry output '", s.name, "' (",
-                                                     runtime::ToString(s.shape),
-                                                     ") has no elements"));
-    }
-    RETURN_IF_ERROR(MlirElementType(s.shape.dtype).status());
-    if (s.threshold.has_value() && std::isnan(*s.threshold)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("telemetry output '", s.name, "' has a NaN threshold"));
-    }
-    if (s.sharding.size() > s.shape.dims.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "telemetry output '", s.name, "': sharding names ", s.sharding.size(),
-          " dimensions, the output ", runtime::ToString(s.shape), " has ", s.shape.dims.size()));
-    }
-    std::vector<int> axes;  // mesh axes the output is split over
-    for (const std::string& axis : s.sharding) {
-      if (axis.empty()) continue;
-      size_t a = 0;
-      while (a < config.mesh_axes.size() && config.mesh_axes[a] != axis) ++a;
-      if (a == config.mesh_axes.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("telemetry output '", s.name,
-                                                       "' is sharded over unknown mesh axis '",
-                                                       axis, "'; the mesh has ",
-                                                       absl::StrJoin(config.mesh_axes, ", ")));
-      }
-      axes.push_back(static_cast<int>(a));
-    }
-    std::vector<int> reps;
-    std::set<std::vector<int64_t>> seen;
-    for (size_t p = 0; p < num_devices; ++p) {
-      const std::vector<int64_t> coord = MeshCoord(config.partitions[p], config.mesh_shape);
-      std::vector<int64_t> key;
-      for (int a : axes) key.push_back(coord[a]);
-      if (seen.insert(key).second) reps.push_back(static_cast<int>(p));
-    }
-    if (reps.size() > 1) collective = true;
-    representatives.push_back(std::move(reps));
+// The positions (into device_indices) whose shards of `s` the reduction combines: one per
+// distinct coordinate along the mesh axes `s` is split over. Errors: INVALID_ARGUMENT naming the
+// output (no elements, an unknown dtype, a NaN threshold, a sharding that does not fit).
+absl::StatusOr<std::vector<int>> RepresentativesOf(const Series& s, const ReducerConfig& config) {
+  if (s.shape.NumElements() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("telemetry output '", s.name, "' (",
+                                                   runtime::ToString(s.shape),
+                                                   ") has no elements"));
   }
+  RETURN_IF_ERROR(MlirElementType(s.shape.dtype).status());
+  if (s.threshold.has_value() && std::isnan(*s.threshold)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("telemetry output '", s.name, "' has a NaN threshold"));
+  }
+  if (s.sharding.size() > s.shape.dims.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "telemetry output '", s.name, "': sharding names ", s.sharding.size(),
+        " dimensions, the output ", runtime::ToString(s.shape), " has ", s.shape.dims.size()));
+  }
+  std::vector<int> axes;  // mesh axes the output is split over
+  for (const std::string& axis : s.sharding) {
+    if (axis.empty()) continue;
+    size_t a = 0;
+    while (a < config.mesh_axes.size() && config.mesh_axes[a] != axis) ++a;
+    if (a == config.mesh_axes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("telemetry output '", s.name,
+                                                     "' is sharded over unknown mesh axis '",
+                                                     axis, "'; the mesh has ",
+                                                     absl::StrJoin(config.mesh_axes, ", ")));
+    }
+    axes.push_back(static_cast<int>(a));
+  }
+  std::vector<int> reps;
+  std::set<std::vector<int64_t>> seen;
+  for (size_t p = 0; p < config.device_indices.size(); ++p) {
+    const std::vector<int64_t> coord = MeshCoord(config.partitions[p], config.mesh_shape);
+    std::vector<int64_t> key;
+    for (int a : axes) key.push_back(coord[a]);
+    if (seen.insert(key).second) reps.push_back(static_cast<int>(p));
+  }
+  return reps;
+}
 
-  auto reducer = std::unique_ptr<TelemetryReducer>(new TelemetryReducer(std::move(config)));
-  const Config& c = reducer->config_;
-  // One replica per local device when some series needs a collective; else device 0 alone.
-  const int replicas = collective ? static_cast<int>(num_devices) : 1;
+// Emits the combine of `s` across its representatives' rows (`x`, this replica's 1 x n row):
+// all-gather over the `replicas`, slice each representative, then max / min / sum / mean or the
+// last partition's. Returns the combined row's value name.
+std::string CombineAcrossDevices(Writer& w, const Series& s, const std::string& x,
+                                 const std::vector<int>& reps, int replicas,
+                                 const std::vector<int64_t>& partitions) {
+  const int64_t n = s.shape.NumElements();
+  const std::string row = TensorType({1, n}, "f32");
+  std::vector<int> group(replicas);
+  for (int r = 0; r < replicas; ++r) group[r] = r;
+  const std::string gathered_type = TensorType({replicas, n}, "f32");
+  const std::string gathered = w.Op(absl::StrCat(
+      "\"stablehlo.all_gather\"(", x, ") {all_gather_dim = 0 : i64, replica_groups = dense<[[",
+      absl::StrJoin(group, ", "), "]]> : tensor<1x", replicas, "xi64>} : (", row, ") -> ",
+      gathered_type));
+  std::vector<std::string> parts;
+  for (int r : reps) {
+    parts.push_back(w.Op(absl::StrCat(
+        "\"stablehlo.slice\"(", gathered, ") {start_indices = array<i64: ", r,
+        ", 0>, limit_indices = array<i64: ", r + 1, ", ", n,
+        ">, strides = array<i64: 1, 1>} : (", gathered_type, ") -> ", row)));
+  }
+  if (s.combine == Combine::kLast) {
+    // The representative with the highest mesh partition.
+    size_t last = 0;
+    for (size_t k = 1; k < reps.size(); ++k) {
+      if (partitions[reps[k]] > partitions[reps[last]]) last = k;
+    }
+    return parts[last];
+  }
+  const char* op = s.combine == Combine::kMax   ? "stablehlo.maximum"
+                   : s.combine == Combine::kMin ? "stablehlo.minimum"
+                                                : "stablehlo.add";
+  std::string value = parts[0];
+  for (size_t k = 1; k < parts.size(); ++k) {
+    value = w.Op(absl::StrCat(op, " ", value, ", ", parts[k], " : ", row));
+  }
+  if (s.combine == Combine::kMean) {
+    const std::string count = w.Op(absl::StrCat(
+        "stablehlo.constant dense<", F32Literal(static_cast<float>(reps.size())), "> : ", row));
+    value = w.Op(absl::StrCat("stablehlo.divide ", value, ", ", count, " : ", row));
+  }
+  return value;
+}
 
+// Emits the on-device threshold check of a flat f32[n] value: 1.0 when any element exceeds
+// `threshold`, else 0.0, as f32[1]. Returns its value name.
+std::string ThresholdFlag(Writer& w, const std::string& flat, int64_t n, double threshold) {
+  const std::string flat_type = TensorType({n}, "f32");
+  const std::string bound = w.Op(absl::StrCat(
+      "stablehlo.constant dense<", F32Literal(static_cast<float>(threshold)), "> : ", flat_type));
+  const std::string within = w.Op(absl::StrCat("stablehlo.compare LE, ", flat, ", ", bound,
+                                               ", FLOAT : (", flat_type, ", ", flat_type,
+                                               ") -> ", TensorType({n}, "i1")));
+  const std::string outside =
+      w.Op(absl::StrCat("stablehlo.not ", within, " : ", TensorType({n}, "i1")));
+  const std::string no = w.Op("stablehlo.constant dense<false> : tensor<i1>");
+  const std::string any = w.Op(absl::StrCat(
+      "stablehlo.reduce(", outside, " init: ", no,
+      ") applies stablehlo.or across dimensions = [0] : (", TensorType({n}, "i1"),
+      ", tensor<i1>) -> tensor<i1>"));
+  const std::string as_float =
+      w.Op(absl::StrCat("stablehlo.convert ", any, " : (tensor<i1>) -> tensor<f32>"));
+  return w.Op(absl::StrCat("stablehlo.reshape ", as_float, " : (tensor<f32>) -> tensor<1xf32>"));
+}
+
+// The reduction program: every series flattened to f32 and combined across devices, then the
+// threshold flags, concatenated into one f32[elements] output.
+struct ReductionProgram {
+  std::string mlir;
+  int64_t elements = 0;
+};
+absl::StatusOr<ReductionProgram> BuildReductionProgram(
+    const ReducerConfig& c, const std::vector<std::vector<int>>& representatives, int replicas) {
   Writer w;
+  ReductionProgram program;
   std::vector<std::string> params, pieces, flags;
   for (size_t i = 0; i < c.series.size(); ++i) {
     const Series& s = c.series[i];
@@ -167,73 +240,18 @@ absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Confi
     }
     x = w.Op(absl::StrCat("stablehlo.reshape ", x, " : (", TensorType(s.shape.dims, "f32"),
                           ") -> ", row));
-    const std::vector<int>& reps = representatives[i];
-    std::string value = x;
-    if (reps.size() > 1) {
-      std::vector<int> group(replicas);
-      for (int r = 0; r < replicas; ++r) group[r] = r;
-      const std::string gathered_type = TensorType({replicas, n}, "f32");
-      const std::string gathered = w.Op(absl::StrCat(
-          "\"stablehlo.all_gather\"(", x, ") {all_gather_dim = 0 : i64, replica_groups = dense<[[",
-          absl::StrJoin(group, ", "), "]]> : tensor<1x", replicas, "xi64>} : (", row, ") -> ",
-          gathered_type));
-      std::vector<std::string> parts;
-      for (int r : reps) {
-        parts.push_back(w.Op(absl::StrCat(
-            "\"stablehlo.slice\"(", gathered, ") {start_indices = array<i64: ", r,
-            ", 0>, limit_indices = array<i64: ", r + 1, ", ", n,
-            ">, strides = array<i64: 1, 1>} : (", gathered_type, ") -> ", row)));
-      }
-      if (s.combine == Combine::kLast) {
-        // The representative with the highest mesh partition.
-        size_t last = 0;
-        for (size_t k = 1; k < reps.size(); ++k) {
-          if (c.partitions[reps[k]] > c.partitions[reps[last]]) last = k;
-        }
-        value = parts[last];
-      } else {
-        const char* op = s.combine == Combine::kMax   ? "stablehlo.maximum"
-                         : s.combine == Combine::kMin ? "stablehlo.minimum"
-                                                      : "stablehlo.add";
-        value = parts[0];
-        for (size_t k = 1; k < parts.size(); ++k) {
-          value = w.Op(absl::StrCat(op, " ", value, ", ", parts[k], " : ", row));
-        }
-        if (s.combine == Combine::kMean) {
-          const std::string count = w.Op(absl::StrCat(
-              "stablehlo.constant dense<", F32Literal(static_cast<float>(reps.size())), "> : ",
-              row));
-          value = w.Op(absl::StrCat("stablehlo.divide ", value, ", ", count, " : ", row));
-        }
-      }
-    }
-    const std::string flat_type = TensorType({n}, "f32");
-    const std::string flat =
-        w.Op(absl::StrCat("stablehlo.reshape ", value, " : (", row, ") -> ", flat_type));
+    const std::string value =
+        representatives[i].size() > 1
+            ? CombineAcrossDevices(w, s, x, representatives[i], replicas, c.partitions)
+            : x;
+    const std::string flat = w.Op(absl::StrCat("stablehlo.reshape ", value, " : (", row, ") -> ",
+                                               TensorType({n}, "f32")));
     pieces.push_back(flat);
-    if (s.threshold.has_value()) {
-      const std::string bound = w.Op(absl::StrCat(
-          "stablehlo.constant dense<", F32Literal(static_cast<float>(*s.threshold)), "> : ",
-          flat_type));
-      const std::string within = w.Op(absl::StrCat("stablehlo.compare LE, ", flat, ", ", bound,
-                                                   ", FLOAT : (", flat_type, ", ", flat_type,
-                                                   ") -> ", TensorType({n}, "i1")));
-      const std::string outside =
-          w.Op(absl::StrCat("stablehlo.not ", within, " : ", TensorType({n}, "i1")));
-      const std::string no = w.Op("stablehlo.constant dense<false> : tensor<i1>");
-      const std::string any = w.Op(absl::StrCat(
-          "stablehlo.reduce(", outside, " init: ", no,
-          ") applies stablehlo.or across dimensions = [0] : (", TensorType({n}, "i1"),
-          ", tensor<i1>) -> tensor<i1>"));
-      const std::string as_float =
-          w.Op(absl::StrCat("stablehlo.convert ", any, " : (tensor<i1>) -> tensor<f32>"));
-      flags.push_back(
-          w.Op(absl::StrCat("stablehlo.reshape ", as_float, " : (tensor<f32>) -> tensor<1xf32>")));
-    }
-    reducer->output_elements_ += n;
+    if (s.threshold.has_value()) flags.push_back(ThresholdFlag(w, flat, n, *s.threshold));
+    program.elements += n;
   }
-  reducer->output_elements_ += static_cast<int64_t>(flags.size());
-  const std::string out_type = TensorType({reducer->output_elements_}, "f32");
+  program.elements += static_cast<int64_t>(flags.size());
+  const std::string out_type = TensorType({program.elements}, "f32");
   std::vector<std::string> all = pieces, types;
   all.insert(all.end(), flags.begin(), flags.end());
   for (const Series& s : c.series) types.push_back(TensorType({s.shape.NumElements()}, "f32"));
@@ -243,12 +261,35 @@ absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Confi
     result = w.Op(absl::StrCat("stablehlo.concatenate ", absl::StrJoin(all, ", "),
                                ", dim = 0 : (", absl::StrJoin(types, ", "), ") -> ", out_type));
   }
-  reducer->program_ = absl::StrCat(
+  program.mlir = absl::StrCat(
       "module @meshrun_telemetry attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = ",
       replicas, " : i32} {\n  func.func public @main(", absl::StrJoin(params, ", "), ") -> ",
       out_type, " {\n", w.body(), "    return ", result, " : ", out_type, "\n  }\n}\n");
+  return program;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TelemetryReducer>> TelemetryReducer::Create(Config config) {
+  RETURN_IF_ERROR(CheckConfig(config));
+  std::vector<std::vector<int>> representatives;  // per series
+  bool collective = false;
+  for (const Series& s : config.series) {
+    ASSIGN_OR_RETURN(std::vector<int> reps, RepresentativesOf(s, config));
+    collective = collective || reps.size() > 1;
+    representatives.push_back(std::move(reps));
+  }
+  auto reducer = std::unique_ptr<TelemetryReducer>(new TelemetryReducer(std::move(config)));
+  const Config& c = reducer->config_;
+  // One replica per local device when some series needs a collective; else device 0 alone.
+  const int replicas = collective ? static_cast<int>(c.device_indices.size()) : 1;
+  ASSIGN_OR_RETURN(ReductionProgram program,
+                   BuildReductionProgram(c, representatives, replicas));
+  reducer->program_ = std::move(program.mlir);
+  reducer->output_elements_ = program.elements;
 
   // Replica r runs on device_indices[r].
+  const auto& addressable = c.runtime->addressable_devices();
   runtime::CompileOptionsSpec options;
   options.num_replicas = replicas;
   options.num_partitions = 1;

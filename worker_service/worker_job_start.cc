@@ -134,7 +134,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
   const int batch_end =
       step.inputs_size() -
       (manifest.spec().has_sparse_attention()
-           ? static_cast<int>(coordinator::SparseTableInputs(manifest.spec().sparse_attention()).size())
+           ? static_cast<int>(jobspec::SparseTableInputs(manifest.spec().sparse_attention()).size())
            : 0);
   for (int i = first_batch_input; i < batch_end; ++i) {
     const v1::TensorSpec& input = step.inputs(i);
@@ -173,8 +173,8 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> WithPlanTables(
     const v1::Program& step, worker::sparse::PlanCache& plans, worker::Metrics& metrics) {
   const v1::SparseAttention& sparse = spec.sparse_attention();
   ASSIGN_OR_RETURN(std::shared_ptr<const worker::sparse::PlanBuilder> builder,
-                   plans.GetOrCreate(coordinator::SparseContractOf(sparse)));
-  const auto named = coordinator::SparseTableInputs(sparse);
+                   plans.GetOrCreate(jobspec::SparseContractOf(sparse)));
+  const auto named = jobspec::SparseTableInputs(sparse);
   worker::sparse::PlanBatches::Config config{.inner = std::move(inner),
                                              .builder = std::move(builder),
                                              .doc_ids_index = -1,
@@ -190,11 +190,71 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> WithPlanTables(
   return worker::sparse::PlanBatches::Create(std::move(config));
 }
 
+// The job's programs from the local executable store: init, then step (mode A) or grad and
+// apply (mode B).
+struct JobPrograms {
+  std::shared_ptr<const runtime::Executable> init, step, grad, apply;
+};
+absl::StatusOr<JobPrograms> LoadPrograms(runtime::Runtime& runtime,
+                                         worker::ExecutableStore& executables,
+                                         worker::Metrics& metrics, const v1::JobManifest& manifest,
+                                         bool mode_b) {
+  JobPrograms programs;
+  ASSIGN_OR_RETURN(programs.init, LoadProgram(runtime, executables, metrics, manifest, "init"));
+  if (mode_b) {
+    ASSIGN_OR_RETURN(programs.grad, LoadProgram(runtime, executables, metrics, manifest, "grad"));
+    ASSIGN_OR_RETURN(programs.apply, LoadProgram(runtime, executables, metrics, manifest, "apply"));
+  } else {
+    ASSIGN_OR_RETURN(programs.step, LoadProgram(runtime, executables, metrics, manifest, "step"));
+  }
+  return programs;
+}
+
+// What the step loop runs for `host`: state and accumulator counts, mesh, batch shardings of
+// `batch_program` (the one that takes the batches) and the telemetry read from the outputs of
+// `last_program` (the one whose outputs carry it). Errors: INVALID_ARGUMENT (a combine the
+// telemetry library does not know).
+absl::StatusOr<worker::RunSpec> RunSpecOf(const v1::JobManifest& manifest, const std::string& host,
+                                          const v1::Program& batch_program,
+                                          const v1::Program& last_program, int num_grad_acc,
+                                          bool mode_b) {
+  const v1::JobSpec& spec = manifest.spec();
+  const v1::MeshAssignment& mesh = manifest.mesh();
+  worker::RunSpec run{.job_id = manifest.job_id(),
+                      .host = host,
+                      .num_state = spec.state_count(),
+                      .grad_accumulation = mode_b ? spec.grad_accumulation() : 0,
+                      .num_grad_acc = num_grad_acc,
+                      .seed = static_cast<uint64_t>(spec.data().seed()),
+                      .mesh_axes = {mesh.axis_names().begin(), mesh.axis_names().end()},
+                      .mesh_shape = {mesh.shape().begin(), mesh.shape().end()},
+                      .device_ids = {mesh.device_ids().begin(), mesh.device_ids().end()},
+                      .telemetry_cadence = spec.telemetry_cadence(),
+                      .steps = spec.steps(),
+                      .replica_count = mesh.shape_size() > 0 ? mesh.shape(0) : 1,
+                      .synthetic_data = spec.data().synthetic()};
+  for (int i = spec.state_count() + num_grad_acc; i < batch_program.inputs_size(); ++i) {
+    const auto& sharding = batch_program.inputs(i).sharding();
+    run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
+  }
+  for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
+    worker::TelemetryOutput output{.name = declared.name()};
+    ASSIGN_OR_RETURN(output.combine,
+                     telemetry::ParseCombine(absl::AsciiStrToLower(
+                         v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
+    if (declared.has_threshold()) output.threshold = declared.threshold();
+    for (const v1::TensorSpec& out : last_program.outputs()) {
+      if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
+    }
+    run.telemetry.push_back(std::move(output));
+  }
+  return run;
+}
+
 }  // namespace
 
-absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
+absl::Status WorkerServer::CheckStartable(const v1::StartJobRequest& request) {
   const v1::JobManifest& manifest = request.manifest();
-  const v1::JobSpec& spec = manifest.spec();
   if (request.job_id().empty() || request.job_id() != manifest.job_id()) {
     return absl::InvalidArgumentError("job_id must be set and match manifest.job_id");
   }
@@ -212,34 +272,106 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
         " (the worker restarted or re-registered)"));
   }
   // limits: the data, bundle and checkpoint paths a client chose, only under --data_root.
-  RETURN_IF_ERROR(coordinator::CheckWorkerSpecPaths(spec, data_roots_));
-  const int attempt = manifest.attempts_size();
+  return jobspec::CheckWorkerSpecPaths(manifest.spec(), data_roots_);
+}
+
+absl::Status WorkerServer::StopEarlierRun(const std::string& job_id, int attempt) {
   std::unique_ptr<RunningJob> earlier_run;
   {
     absl::MutexLock lock(&job_mu_);
     if (job_ != nullptr && !job_->loop->result().has_value()) {
-      if (job_->job_id != request.job_id()) {
+      if (job_->job_id != job_id) {
         return absl::FailedPreconditionError(
             absl::StrCat("job ", job_->job_id, " is still running here"));
       }
       if (job_->attempt == attempt) {
-        return absl::AlreadyExistsError(absl::StrCat("job ", request.job_id(), " runs here"));
+        return absl::AlreadyExistsError(absl::StrCat("job ", job_id, " runs here"));
       }
       earlier_run = std::move(job_);  // the job restarted (docs/checkpoints.md)
     }
   }
   if (earlier_run != nullptr) earlier_run->loop->Stop();
-  uploader_->DropEarlierRuns(request.job_id(), attempt);
-  // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
-  const bool mode_b = coordinator::IsModeB(spec);
-  ASSIGN_OR_RETURN(auto init, LoadProgram(*runtime_, *executables_, metrics_, manifest, "init"));
-  std::shared_ptr<const runtime::Executable> step, grad, apply;
-  if (mode_b) {
-    ASSIGN_OR_RETURN(grad, LoadProgram(*runtime_, *executables_, metrics_, manifest, "grad"));
-    ASSIGN_OR_RETURN(apply, LoadProgram(*runtime_, *executables_, metrics_, manifest, "apply"));
-  } else {
-    ASSIGN_OR_RETURN(step, LoadProgram(*runtime_, *executables_, metrics_, manifest, "step"));
+  uploader_->DropEarlierRuns(job_id, attempt);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<worker::StepLoop::GradientHook> WorkerServer::GradientAverager(
+    const v1::StartJobRequest& request, int replica_index, int replica_count,
+    const v1::Program& apply_program) {
+  const v1::JobManifest& manifest = request.manifest();
+  // Gloo listens on the address the coordinator reaches this worker at.
+  ASSIGN_OR_RETURN(const HostPort advertised,
+                   ParseHostPort("advertise_address", advertise_address_));
+  bool replicated = true;  // data-parallel accumulators: the same on every local device
+  for (int i = manifest.spec().state_count(); i < apply_program.inputs_size(); ++i) {
+    for (const std::string& axis : apply_program.inputs(i).sharding()) {
+      replicated = replicated && axis.empty();
+    }
   }
+  worker::StepLoop::GradientHook reduce = worker::collectives::AverageAcrossHosts(
+      {.runtime = runtime_.get(),
+       .allreduce = {.rank = replica_index,
+                     .size = replica_count,
+                     .store = kv_client_,
+                     .prefix = absl::StrCat("collectives/", manifest.job_id()),
+                     .bind_address = advertised.host,
+                     // Twice the job's hang timeout: the coordinator's diagnosis (which
+                     // names the host that stopped) comes first, this is the backstop.
+                     .timeout = request.hang_timeout_millis() > 0
+                                    ? absl::Milliseconds(2 * request.hang_timeout_millis())
+                                    : absl::Seconds(60),
+                     .peer_names = {manifest.mesh().replica_hosts().begin(),
+                                    manifest.mesh().replica_hosts().end()}},
+       .replicated_across_devices = replicated,
+       .metrics = &metrics_});
+  // The heartbeat reports this phase, so a hang names where this host waits.
+  return [this, reduce = std::move(reduce)](auto& grad_acc) {
+    in_allreduce_ = true;
+    // Only gloo's part waits for peers (the device transfers wait for this host's compute).
+    const double before = metrics_.Get(worker::kAllReduceTime).total;
+    absl::Status status = reduce(grad_acc);
+    allreduce_seconds_ = metrics_.Get(worker::kAllReduceTime).total - before;
+    in_allreduce_ = false;
+    return status;
+  };
+}
+
+std::function<void(worker::HostStepSummary)> WorkerServer::SummarySink(int attempt,
+                                                                       bool replicated) {
+  return [this, incarnation = incarnation(), attempt, replicated](worker::HostStepSummary summary) {
+    v1::HostSummary proto = ToProto(summary);
+    proto.set_incarnation(incarnation);  // refused once this incarnation is fenced
+    proto.set_attempt(attempt);          // dropped once the job restarted
+    if (replicated) {  // replicas in lockstep: what differs is the time not waiting
+      proto.set_compute_seconds(
+          std::max(1e-9, proto.step_time_seconds() - allreduce_seconds_.load()));
+    }
+    uploader_->Enqueue(std::move(proto));
+  };
+}
+
+void WorkerServer::InstallRunningJob(std::unique_ptr<RunningJob> job) {
+  std::unique_ptr<RunningJob> finished;
+  {
+    absl::MutexLock lock(&job_mu_);
+    finished = std::move(job_);
+    job_ = std::move(job);
+  }
+  // Joined outside the lock: its on_done callback takes job_mu_.
+  if (finished != nullptr) finished->loop->Stop();
+}
+
+absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
+  RETURN_IF_ERROR(CheckStartable(request));
+  const v1::JobManifest& manifest = request.manifest();
+  const v1::JobSpec& spec = manifest.spec();
+  const std::string job_id = manifest.job_id();
+  const int attempt = manifest.attempts_size();
+  RETURN_IF_ERROR(StopEarlierRun(job_id, attempt));
+  // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
+  const bool mode_b = jobspec::IsModeB(spec);
+  ASSIGN_OR_RETURN(JobPrograms programs,
+                   LoadPrograms(*runtime_, *executables_, metrics_, manifest, mode_b));
   // The program that takes the batches, and the one whose outputs carry the telemetry.
   const v1::Program& batch_program = *FindProgram(spec, mode_b ? "grad" : "step");
   const v1::Program& last_program = *FindProgram(spec, mode_b ? "apply" : "step");
@@ -248,36 +380,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   ASSIGN_OR_RETURN(std::unique_ptr<worker::BatchSource> batches,
                    MakeBatches(manifest, batch_program, spec.state_count() + num_grad_acc,
                                config_.identity.host, replica, data_roots_));
-  worker::RunSpec run{.job_id = manifest.job_id(),
-                      .host = config_.identity.host,
-                      .num_state = spec.state_count(),
-                      .grad_accumulation = mode_b ? spec.grad_accumulation() : 0,
-                      .num_grad_acc = num_grad_acc,
-                      .seed = static_cast<uint64_t>(spec.data().seed()),
-                      .mesh_axes = {manifest.mesh().axis_names().begin(),
-                                    manifest.mesh().axis_names().end()},
-                      .mesh_shape = {manifest.mesh().shape().begin(), manifest.mesh().shape().end()},
-                      .device_ids = {manifest.mesh().device_ids().begin(),
-                                     manifest.mesh().device_ids().end()},
-                      .telemetry_cadence = spec.telemetry_cadence(),
-                      .steps = spec.steps(),
-                      .replica_count = manifest.mesh().shape_size() > 0 ? manifest.mesh().shape(0) : 1,
-                      .synthetic_data = spec.data().synthetic()};
-  for (int i = spec.state_count() + num_grad_acc; i < batch_program.inputs_size(); ++i) {
-    const auto& sharding = batch_program.inputs(i).sharding();
-    run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
-  }
-  for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
-    worker::TelemetryOutput output{.name = declared.name()};
-    ASSIGN_OR_RETURN(output.combine,
-                     telemetry::ParseCombine(absl::AsciiStrToLower(
-                         v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
-    if (declared.has_threshold()) output.threshold = declared.threshold();
-    for (const v1::TensorSpec& out : last_program.outputs()) {
-      if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
-    }
-    run.telemetry.push_back(std::move(output));
-  }
+  ASSIGN_OR_RETURN(worker::RunSpec run, RunSpecOf(manifest, config_.identity.host, batch_program,
+                                                  last_program, num_grad_acc, mode_b));
   if (spec.has_sparse_attention()) {
     ASSIGN_OR_RETURN(batches,
                      WithPlanTables(std::move(batches), spec, batch_program, plans_, metrics_));
@@ -285,64 +389,19 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   // Host replicas average their accumulators between grad and apply.
   worker::StepLoop::GradientHook reduce_gradients;
   if (replica.count > 1) {
-    // Gloo listens on the address the coordinator reaches this worker at.
-    ASSIGN_OR_RETURN(const HostPort advertised,
-                     ParseHostPort("advertise_address", advertise_address_));
-    bool replicated = true;  // data-parallel accumulators: the same on every local device
-    for (int i = spec.state_count(); i < last_program.inputs_size(); ++i) {
-      for (const std::string& axis : last_program.inputs(i).sharding()) {
-        replicated = replicated && axis.empty();
-      }
-    }
-    reduce_gradients = worker::collectives::AverageAcrossHosts(
-        {.runtime = runtime_.get(),
-         .allreduce = {.rank = replica.index,
-                       .size = replica.count,
-                       .store = kv_client_,
-                       .prefix = absl::StrCat("collectives/", manifest.job_id()),
-                       .bind_address = advertised.host,
-                       // Twice the job's hang timeout: the coordinator's diagnosis (which
-                       // names the host that stopped) comes first, this is the backstop.
-                       .timeout = request.hang_timeout_millis() > 0
-                                      ? absl::Milliseconds(2 * request.hang_timeout_millis())
-                                      : absl::Seconds(60),
-                       .peer_names = {manifest.mesh().replica_hosts().begin(),
-                                      manifest.mesh().replica_hosts().end()}},
-         .replicated_across_devices = replicated,
-         .metrics = &metrics_});
-    // The heartbeat reports this phase, so a hang names where this host waits.
-    reduce_gradients = [this, reduce = std::move(reduce_gradients)](auto& grad_acc) {
-      in_allreduce_ = true;
-      // Only gloo's part waits for peers (the device transfers wait for this host's compute).
-      const double before = metrics_.Get(worker::kAllReduceTime).total;
-      absl::Status status = reduce(grad_acc);
-      allreduce_seconds_ = metrics_.Get(worker::kAllReduceTime).total - before;
-      in_allreduce_ = false;
-      return status;
-    };
+    ASSIGN_OR_RETURN(reduce_gradients,
+                     GradientAverager(request, replica.index, replica.count, last_program));
   }
-  const std::string job_id = manifest.job_id();
-  worker::StepLoop::Config loop_config{
-      .runtime = runtime_.get(),
-      .init = std::move(init),
-      .step = std::move(step),
-      .grad = std::move(grad),
-      .apply = std::move(apply),
-      .reduce_gradients = std::move(reduce_gradients),
-      .spec = std::move(run),
-      .batches = std::move(batches),
-      .sink = [this, incarnation = incarnation(), attempt,
-               replicated = replica.count > 1](worker::HostStepSummary summary) {
-        v1::HostSummary proto = ToProto(summary);
-        proto.set_incarnation(incarnation);  // refused once this incarnation is fenced
-        proto.set_attempt(attempt);          // dropped once the job restarted
-        if (replicated) {  // replicas in lockstep: what differs is the time not waiting
-          proto.set_compute_seconds(
-              std::max(1e-9, proto.step_time_seconds() - allreduce_seconds_.load()));
-        }
-        uploader_->Enqueue(std::move(proto));
-      },
-      .metrics = &metrics_};
+  worker::StepLoop::Config loop_config{.runtime = runtime_.get(),
+                                       .init = std::move(programs.init),
+                                       .step = std::move(programs.step),
+                                       .grad = std::move(programs.grad),
+                                       .apply = std::move(programs.apply),
+                                       .reduce_gradients = std::move(reduce_gradients),
+                                       .spec = std::move(run),
+                                       .batches = std::move(batches),
+                                       .sink = SummarySink(attempt, replica.count > 1),
+                                       .metrics = &metrics_};
   ASSIGN_OR_RETURN(std::shared_ptr<worker::CheckpointSaver> saver,
                    ConfigureCheckpoints({.manifest = &manifest,
                                          .state_program = &last_program,
@@ -367,15 +426,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                mode_b ? absl::StrCat(" (mode B, ", spec.grad_accumulation(), " micro-steps each)")
                       : std::string(),
                spec.telemetry_cadence());
-  std::unique_ptr<RunningJob> finished;
-  {
-    absl::MutexLock lock(&job_mu_);
-    finished = std::move(job_);
-    job_ = std::make_unique<RunningJob>(
-        RunningJob{job_id, attempt, std::move(saver), std::move(loop)});
-  }
-  // Joined outside the lock: its on_done callback takes job_mu_.
-  if (finished != nullptr) finished->loop->Stop();
+  InstallRunningJob(std::make_unique<RunningJob>(
+      RunningJob{job_id, attempt, std::move(saver), std::move(loop)}));
   return absl::OkStatus();
 }
 

@@ -106,6 +106,23 @@ class WorkerServer {
   absl::Status Register();
   absl::Status Heartbeat();
   absl::Status StartJob(const v1::StartJobRequest& request);
+  // StartJob's steps (worker_job_start.cc).
+  // The refusals before anything is loaded: ids, no runtime, a fenced incarnation, a path
+  // outside --data_root. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION.
+  absl::Status CheckStartable(const v1::StartJobRequest& request);
+  // Stops the earlier run of a restarted job and drops its unsent summaries. Errors:
+  // FAILED_PRECONDITION (another job runs here), ALREADY_EXISTS (this attempt runs here).
+  absl::Status StopEarlierRun(const std::string& job_id, int attempt);
+  // The mode B hook that averages host replicas' accumulators over gloo between grad and
+  // apply, reporting the all-reduce phase in heartbeats. Errors: INVALID_ARGUMENT (a bad
+  // --advertise_address).
+  absl::StatusOr<worker::StepLoop::GradientHook> GradientAverager(
+      const v1::StartJobRequest& request, int replica_index, int replica_count,
+      const v1::Program& apply_program);
+  // Where the step loop's host summaries go: the uploader, stamped with this run.
+  std::function<void(worker::HostStepSummary)> SummarySink(int attempt, bool replicated);
+  // Makes `job` the running job and stops the finished one it replaces.
+  void InstallRunningJob(std::unique_ptr<RunningJob> job);
   absl::Status StopJob(const v1::StopJobRequest& request);
   absl::Status CheckpointNow(const v1::CheckpointNowRequest& request);
   // Drain's preemption notice to the running job (see Drain).

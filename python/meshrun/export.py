@@ -151,24 +151,10 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    mode_b = grad is not None or apply is not None
-    if mode_b == (step is not None):
-        raise ValueError("pass either step= (compile mode A) or grad= and apply= (mode B)")
-    if mode_b and (grad is None or apply is None or init_accumulator is None
-                   or accumulator_shardings is None):
-        raise ValueError("compile mode B needs grad=, apply=, init_accumulator= and "
-                         "accumulator_shardings=")
-    if grad_accumulation < 1:
-        raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
-    if extra_inputs and mode_b:
-        raise ValueError("extra_inputs= is for compile mode A (step=)")
-    if host_replicas < 1 or (host_replicas > 1 and not mode_b):
-        raise ValueError(f"host_replicas={host_replicas}: more than one host needs compile mode "
-                         "B (grad= and apply=), which averages gradients between hosts")
+    mode_b = _compile_mode_b(step, grad, apply, init_accumulator, accumulator_shardings,
+                             grad_accumulation, extra_inputs, host_replicas)
     roles = resolve_axis_roles(mesh.axis_names, axis_roles)
-    ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
-    if ids != list(range(len(ids))):
-        raise ValueError(f"mesh devices must be ids 0..{len(ids) - 1} in order, got {ids}")
+    ids = _mesh_device_ids(mesh)
     to_named = lambda tree: jax.tree.map(
         lambda s: s if isinstance(s, NamedSharding) else NamedSharding(mesh, s), tree,
         is_leaf=lambda x: isinstance(x, (PartitionSpec, NamedSharding)))
@@ -194,14 +180,7 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         _, _, metric_shapes = jax.eval_shape(apply, state_shapes, acc_shapes)
     else:
         _, metric_shapes = jax.eval_shape(step, state_shapes, batch0, *extra0)
-    if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
-        raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
-                         "\"loss\"")
-    reference_series = ("loss",) + tuple(n for n in reference_series if n != "loss")
-    for series in reference_series:
-        if getattr(metric_shapes.get(series), "shape", None) != ():
-            raise ValueError(f"reference_series names \"{series}\", which is not a scalar of "
-                             f"the metrics {sorted(metric_shapes)}")
+    reference_series = _checked_reference_series(metric_shapes, reference_series, mode_b)
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
     init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings)
 
@@ -244,28 +223,14 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         programs["step"] = _program("step.mlirbc", step_inputs, state_entries + metric_entries,
                                     range(n_state))
 
-    job_mesh = {"axes": [roles[a] for a in mesh.axis_names],
-                "shape": [int(mesh.shape[a]) for a in mesh.axis_names], "device_ids": ids}
-    if host_replicas > 1:
-        job_mesh["host_replicas"] = int(host_replicas)
-    if list(mesh.axis_names) != job_mesh["axes"]:
-        job_mesh["user_axes"] = list(mesh.axis_names)
-    job = {"name": name, "model_family": model_family, "mesh": job_mesh, "programs": programs}
+    job = {"name": name, "model_family": model_family,
+           "mesh": _job_mesh(mesh, roles, ids, host_replicas), "programs": programs}
     if mode_b:
         job["grad_accumulation"] = int(grad_accumulation)
     job["seed"] = int(seed)
     if data_file:
-        if len(batches) % grad_accumulation:
-            raise ValueError(f"{len(batches)} micro-batches are not whole steps of "
-                             f"grad_accumulation={grad_accumulation}")
-        write_arrays(os.path.join(out_dir, data_file), batches)
-        # Global arrays; each host's devices hold the shards of its own rows.
-        arrays = entries(jax.tree.map(jnp.asarray, example_batch), batch_shardings, mesh, roles,
-                         "batch")
-        for entry, per_host in zip(arrays, batch_entries):
-            entry["shard_shape"] = per_host["shard_shape"]
-        job["data"] = {"file": data_file, "steps": len(batches) // grad_accumulation,
-                       "arrays": arrays}
+        job["data"] = _write_data(out_dir, data_file, batches, grad_accumulation, example_batch,
+                                  batch_shardings, batch_entries, mesh, roles)
     job["telemetry"] = _telemetry(metric_entries, combine, default_combine, captions,
                                   series_order)
     reference = None
@@ -278,13 +243,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
                                   grad_accumulation, host_replicas, **run)
         else:
             values = _reference_a(step_jit, make_extras, extra_shardings, **run)
-        reference = {"backend": f"jax {jax.__version__} {jax.default_backend()}",
-                     "seed": int(seed), "steps": reference_steps}
-        if mode_b:
-            reference["grad_accumulation"] = int(grad_accumulation)
-        reference.update(values)
+        reference = _write_reference(out_dir, values, seed, reference_steps,
+                                     grad_accumulation if mode_b else None)
         job["reference"] = "reference.json"
-        _write_json(os.path.join(out_dir, "reference.json"), reference)
     if compile_options_jax:
         job["compile_options_jax"] = compile_options_jax
     if sparse_attention:
@@ -293,6 +254,91 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     _write_json(path, job)
     return {"job": path, "reference_loss": reference["loss"] if reference else [],
             "reference": reference}
+
+
+def _compile_mode_b(step, grad, apply, init_accumulator, accumulator_shardings,
+                    grad_accumulation, extra_inputs, host_replicas):
+    """Whether the arguments ask for compile mode B (grad + apply) rather than A (step);
+    ValueError naming the argument when they mix the two or lack one."""
+    mode_b = grad is not None or apply is not None
+    if mode_b == (step is not None):
+        raise ValueError("pass either step= (compile mode A) or grad= and apply= (mode B)")
+    if mode_b and (grad is None or apply is None or init_accumulator is None
+                   or accumulator_shardings is None):
+        raise ValueError("compile mode B needs grad=, apply=, init_accumulator= and "
+                         "accumulator_shardings=")
+    if grad_accumulation < 1:
+        raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
+    if extra_inputs and mode_b:
+        raise ValueError("extra_inputs= is for compile mode A (step=)")
+    if host_replicas < 1 or (host_replicas > 1 and not mode_b):
+        raise ValueError(f"host_replicas={host_replicas}: more than one host needs compile mode "
+                         "B (grad= and apply=), which averages gradients between hosts")
+    return mode_b
+
+
+def _mesh_device_ids(mesh):
+    """The mesh's device ids, which must be 0..n-1 in order (the job's device assignment)."""
+    ids = [int(d.id) for d in np.asarray(mesh.devices).flat]
+    if ids != list(range(len(ids))):
+        raise ValueError(f"mesh devices must be ids 0..{len(ids) - 1} in order, got {ids}")
+    return ids
+
+
+def _checked_reference_series(metric_shapes, reference_series, mode_b):
+    """"loss" first, then the other scalar metrics named; ValueError for metrics without a loss
+    or a name that is not a scalar metric."""
+    if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
+        raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
+                         "\"loss\"")
+    reference_series = ("loss",) + tuple(n for n in reference_series if n != "loss")
+    for series in reference_series:
+        if getattr(metric_shapes.get(series), "shape", None) != ():
+            raise ValueError(f"reference_series names \"{series}\", which is not a scalar of "
+                             f"the metrics {sorted(metric_shapes)}")
+    return reference_series
+
+
+def _job_mesh(mesh, roles, ids, host_replicas):
+    """job.json's mesh: axes by role, shape, device ids, host replicas, the user's axis names."""
+    job_mesh = {"axes": [roles[a] for a in mesh.axis_names],
+                "shape": [int(mesh.shape[a]) for a in mesh.axis_names], "device_ids": ids}
+    if host_replicas > 1:
+        job_mesh["host_replicas"] = int(host_replicas)
+    if list(mesh.axis_names) != job_mesh["axes"]:
+        job_mesh["user_axes"] = list(mesh.axis_names)
+    return job_mesh
+
+
+def _write_data(out_dir, data_file, batches, grad_accumulation, example_batch, batch_shardings,
+                batch_entries, mesh, roles):
+    """Writes the batches as an array file; returns job.json's data: the file, whole steps and
+    the global arrays with each host's shard shapes."""
+    import jax
+    import jax.numpy as jnp
+    if len(batches) % grad_accumulation:
+        raise ValueError(f"{len(batches)} micro-batches are not whole steps of "
+                         f"grad_accumulation={grad_accumulation}")
+    write_arrays(os.path.join(out_dir, data_file), batches)
+    # Global arrays; each host's devices hold the shards of its own rows.
+    arrays = entries(jax.tree.map(jnp.asarray, example_batch), batch_shardings, mesh, roles,
+                     "batch")
+    for entry, per_host in zip(arrays, batch_entries):
+        entry["shard_shape"] = per_host["shard_shape"]
+    return {"file": data_file, "steps": len(batches) // grad_accumulation, "arrays": arrays}
+
+
+def _write_reference(out_dir, values, seed, steps, grad_accumulation):
+    """Writes reference.json (JAX's own run: backend, seed, steps, each series per step) and
+    returns its contents."""
+    import jax
+    reference = {"backend": f"jax {jax.__version__} {jax.default_backend()}",
+                 "seed": int(seed), "steps": steps}
+    if grad_accumulation is not None:
+        reference["grad_accumulation"] = int(grad_accumulation)
+    reference.update(values)
+    _write_json(os.path.join(out_dir, "reference.json"), reference)
+    return reference
 
 
 def _write_json(path, value):
