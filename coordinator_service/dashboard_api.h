@@ -36,6 +36,7 @@ struct HttpRequest {
   std::string path;
   std::map<std::string, std::string> params;  // the query string, decoded
   std::string last_event_id;                  // the Last-Event-ID header, if any
+  std::string method = "GET";
 };
 
 struct HttpResponse {
@@ -57,8 +58,9 @@ class DashboardApi {
   // Errors: INVALID_ARGUMENT (a required pointer is null).
   static absl::StatusOr<std::unique_ptr<DashboardApi>> Create(Config config);
 
-  // Answers a GET of /metrics or /api/* (not /api/watch); unknown paths are 404. Never fails:
-  // errors come back as a status code with {"error": "..."}.
+  // Answers a GET of /metrics or /api/* (not /api/watch) through the route table in
+  // dashboard_api.cc (method + path -> handler, one row per endpoint); unknown paths are 404.
+  // Never fails: errors come back as a status code with {"error": "..."}.
   HttpResponse Handle(const HttpRequest& request);
 
   // Opens the watcher behind GET /api/watch. Errors: INVALID_ARGUMENT (job missing,
@@ -78,8 +80,6 @@ class DashboardApi {
 
  private:
   explicit DashboardApi(Config config) : config_(config) {}
-  absl::StatusOr<std::string> Route(const HttpRequest& request, std::string* content_type);
-  absl::StatusOr<std::string> Metrics();
 
   const Config config_;
 };

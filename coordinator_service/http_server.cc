@@ -16,7 +16,9 @@ namespace {
 
 // The request as DashboardApi sees it; a parameter given twice is refused (named).
 absl::StatusOr<HttpRequest> ToRequest(const httplib::Request& request) {
-  HttpRequest out{.path = request.path, .last_event_id = request.get_header_value("Last-Event-ID")};
+  HttpRequest out{.path = request.path,
+                  .last_event_id = request.get_header_value("Last-Event-ID"),
+                  .method = request.method};
   for (const auto& [name, value] : request.params) {
     if (!out.params.emplace(name, value).second) {
       return absl::InvalidArgumentError(
