@@ -66,7 +66,6 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/RegisterWorker", Role::kWorker},
       {"/meshrun.v1.Coordinator/Heartbeat", Role::kWorker},
       {"/meshrun.v1.Coordinator/DeregisterWorker", Role::kWorker},
-      {"/meshrun.v1.Coordinator/FetchExecutable", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueSet", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueGet", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueTryGet", Role::kWorker},

@@ -108,13 +108,17 @@ def test_jobs_unknown_or_empty_ids(cluster):
                                               timeout=TIMEOUT), C.NOT_FOUND, "job-404")
 
 
-def test_fetch_executable_is_not_served(cluster):
-    # Declared in proto/ for workers that fetch, but this coordinator pushes executables
-    # (LoadExecutable) and serves no fetch: every request, however bogus, is UNIMPLEMENTED.
-    co = cluster.coordinator
-    for request in (cpb.FetchExecutableRequest(fingerprint="../../etc/passwd"),
-                    cpb.FetchExecutableRequest(fingerprint="0" * 64, offset=-1)):
-        refused(cluster, lambda: co.FetchExecutable(request, timeout=TIMEOUT), C.UNIMPLEMENTED)
+def test_removed_fetch_executable_stays_refused(cluster):
+    # FetchExecutable was declared in proto/ but never served (the coordinator pushes
+    # executables with Worker.LoadExecutable), and is removed from it; a client that still
+    # calls it by its name, with any bytes, gets UNIMPLEMENTED and changes nothing.
+    fetch = cluster.cchan.unary_stream("/meshrun.v1.Coordinator/FetchExecutable",
+                                       request_serializer=lambda b: b,
+                                       response_deserializer=lambda b: b)
+    for request in (b"",
+                    b"\x0a\x10../../etc/passwd",      # fingerprint (field 1)
+                    b"\x10" + b"\xff" * 9 + b"\x01"):  # offset -1 (field 2)
+        refused(cluster, lambda: fetch(request, timeout=TIMEOUT), C.UNIMPLEMENTED)
 
 
 # ----------------------------------------------------------------- Coordinator: membership
