@@ -1,5 +1,5 @@
-// Least-recently-used eviction by bytes, shared by the on-disk stores (the worker's executable
-// store, the coordinator's program store).
+// Least-recently-used eviction by bytes, for the on-disk stores (common/content_store.h, under
+// the worker's executable store and the coordinator's program store).
 #pragma once
 
 #include <algorithm>

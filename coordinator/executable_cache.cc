@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/durable_file.h"
 #include "common/file_sync.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
@@ -27,33 +28,12 @@
 namespace meshrun::coordinator {
 namespace {
 
-constexpr size_t kIoChunk = size_t{1} << 20;       // reads and hashing
-constexpr size_t kWriteChunk = size_t{64} << 20;   // below Linux's 0x7ffff000 per write()
 constexpr absl::string_view kEntrySuffix = ".xexe";
 constexpr absl::string_view kTempPrefix = ".tmp.";
 constexpr absl::string_view kKeyTag = "meshrun.executable_cache.key.v1";
 
-absl::Status ErrnoStatus(int error, const std::string& what) {
-  std::string message = absl::StrCat(what, ": ", std::strerror(error));
-  switch (error) {
-    case ENOENT: return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS: return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT: return absl::ResourceExhaustedError(message);
-    default: return absl::InternalError(message);
-  }
-}
-
-bool IsHex64(absl::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 absl::Status CheckKey(const std::string& key) {
-  if (IsHex64(key)) return absl::OkStatus();
+  if (IsSha256Hex(key)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("cache key must be 64 lowercase hex digits (CacheKey()), got \"", key, "\""));
 }
@@ -73,46 +53,6 @@ void AppendU32(Sha256& hasher, uint32_t value) {
 void AppendBytes(Sha256& hasher, absl::string_view bytes) {
   AppendU64(hasher, bytes.size());
   hasher.Update(bytes);
-}
-
-// Reads exactly `n` bytes at `offset`, across as many pread calls as it takes.
-absl::Status PreadFull(int fd, char* out, size_t n, uint64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return absl::DataLossError(absl::StrCat("read failed at byte ", offset + done, ": ",
-                                              std::strerror(errno)));
-    }
-    if (got == 0) {
-      return absl::DataLossError(
-          absl::StrCat("file ended at byte ", offset + done, ", expected ", offset + n));
-    }
-    done += static_cast<size_t>(got);
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> HashFd(int fd, uint64_t size) {
-  Sha256 hasher;
-  std::string buffer(kIoChunk, '\0');
-  for (uint64_t offset = 0; offset < size;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kIoChunk, size - offset));
-    RETURN_IF_ERROR(PreadFull(fd, buffer.data(), n, offset));
-    hasher.Update(absl::string_view(buffer.data(), n));
-    offset += n;
-  }
-  return hasher.HexDigest();
-}
-
-absl::Status SetMtime(int fd, absl::Time mtime, const std::string& path) {
-  struct timespec times[2];
-  times[0].tv_sec = 0;
-  times[0].tv_nsec = UTIME_OMIT;
-  times[1] = absl::ToTimespec(mtime);
-  if (::futimens(fd, times) != 0) return ErrnoStatus(errno, absl::StrCat("futimens ", path));
-  return absl::OkStatus();
 }
 
 void SyncDirectory(const std::string& directory) {
@@ -284,7 +224,7 @@ absl::Status ExecutableCache::Load() {
     }
     const std::string key = name.substr(0, 64);
     const std::string sha = name.substr(65, 64);
-    if (!IsHex64(key) || !IsHex64(sha)) continue;
+    if (!IsSha256Hex(key) || !IsSha256Hex(sha)) continue;
     Meta meta{.sha256 = sha, .size = static_cast<uint64_t>(st.st_size), .last_used = mtime};
     auto [existing, inserted] = entries_.emplace(key, meta);
     if (!inserted) {
@@ -357,7 +297,7 @@ absl::StatusOr<std::optional<CachedExecutable>> ExecutableCache::Lookup(const st
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("cannot stat ", path));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  absl::StatusOr<std::string> actual = HashFd(fd, size);
+  absl::StatusOr<std::string> actual = Sha256OfFd(fd, size);
   if (!actual.ok() || *actual != sha) {
     DropCorrupt(key, sha, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
                 actual.ok() ? absl::StrCat("contents hash to ", *actual)
@@ -406,26 +346,7 @@ absl::StatusOr<std::pair<int, std::string>> ExecutableCache::WriteTemp(const std
       (std::filesystem::path(config_.directory) /
        absl::StrCat(kTempPrefix, key, ".", ::getpid(), ".", serial))
           .string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create ", path));
-  auto fail = [&](const absl::Status& status) {
-    ::close(fd);
-    ::unlink(path.c_str());
-    return status;
-  };
-  for (size_t done = 0; done < bytes.size();) {
-    const size_t n = std::min(kWriteChunk, bytes.size() - done);
-    const ssize_t wrote = ::write(fd, bytes.data() + done, n);
-    if (wrote < 0) {
-      if (errno == EINTR) continue;
-      return fail(ErrnoStatus(errno, absl::StrCat("write ", path, " at byte ", done)));
-    }
-    done += static_cast<size_t>(wrote);
-  }
-  if (const int error = FsyncInPieces(fd); error != 0) {
-    return fail(ErrnoStatus(error, absl::StrCat("fsync ", path)));
-  }
-  if (absl::Status status = SetMtime(fd, mtime, path); !status.ok()) return fail(status);
+  ASSIGN_OR_RETURN(const int fd, WriteDurableFile(path, bytes, mtime));
   return std::make_pair(fd, path);
 }
 

@@ -15,6 +15,9 @@
 // on every hit), so LRU order survives restarts; when the stored bytes exceed
 // `max_bytes`, least recently used entries are deleted first (ties by key).
 // Sizes are 64-bit throughout and I/O is streamed in 1 MiB pieces, so entries above 2 GiB work.
+// The file plumbing (durable writes, hashing, reads) is common/durable_file.h's. The cache is
+// not a ContentStore (common/content_store.h): its files are named by cache key and content
+// sha256 together, and it hands out open handles that outlive eviction.
 //
 // Lifetime: Create() returns an owned cache holding the directory's lock until destroyed;
 // the clock must outlive it. CachedExecutable handles stay readable after the cache object

@@ -3,7 +3,8 @@
 // job's manifest stays small however big its programs, and a listing copies none. Each
 // unfinished job's programs are bound to it by sha256 (a few bytes per job, released when the
 // job ends). Past `max_bytes` the least recently used files go (a file written or read within
-// `keep_recent` is kept).
+// `keep_recent` is kept). The files, their durable writes, checks on read and the LRU are a
+// ContentStore's (common/content_store.h): <sha256>.stablehlo in `directory`.
 //
 // Lifetime: Create() returns an owned store. Thread-safety: all methods are safe to call
 // concurrently.
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/content_store.h"
 #include "meshrun/v1/job.pb.h"
 
 namespace meshrun::coordinator {
@@ -50,17 +52,10 @@ class ProgramStore {
   int64_t bytes() const;
 
  private:
-  explicit ProgramStore(Config config) : config_(std::move(config)) {}
-  std::string PathOf(const std::string& sha256) const;
-  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Use {
-    int64_t bytes = 0;
-    absl::Time last;
-  };
+  explicit ProgramStore(std::unique_ptr<ContentStore> files) : files_(std::move(files)) {}
 
-  const Config config_;
+  const std::unique_ptr<ContentStore> files_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Use> uses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::map<std::string, std::string>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,7 +1,6 @@
 #include "worker/executable_store.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -9,111 +8,40 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "common/crc32c.h"
-#include "common/file_sync.h"
-#include "common/lru.h"
+#include "common/durable_file.h"
 #include "common/status_macros.h"
 
 namespace meshrun::worker {
-namespace {
-
-constexpr char kSuffix[] = ".xexe";
-
-bool IsFingerprint(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
-// fsyncs the file at `path`, its data in pieces (common/file_sync.h). Returns 0 or an errno.
-int SyncFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  const int error = FsyncInPieces(fd);
-  ::close(fd);
-  return error;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ExecutableStore>> ExecutableStore::Create(
     const std::string& directory, Limits limits) {
-  std::error_code ec;
-  std::filesystem::create_directories(directory, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create executable store ", directory, ": ", ec.message()));
+  if (directory.empty()) {
+    return absl::FailedPreconditionError("cannot create executable store: no directory given");
   }
-  auto store = std::unique_ptr<ExecutableStore>(new ExecutableStore(directory, limits));
   // Temp files left by a crash: transfers cut short, and committed ones not yet flushed. A
   // file that hashes to its fingerprint is the executable: kept. Anything else goes.
-  bool kept = false;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
-    const std::string name = entry.path().filename().string();
-    const size_t mark = name.find(".partial.");
-    if (mark == std::string::npos) continue;
-    const std::string fp = name.substr(0, mark);
-    const std::string final_path = store->PathOf(fp);
-    // Hashed only when it could be kept.
-    if (IsFingerprint(fp) && !std::filesystem::exists(final_path) &&
-        Sha256File(entry.path().string()).value_or("") == fp &&
-        SyncFile(entry.path().string()) == 0 &&
-        ::rename(entry.path().c_str(), final_path.c_str()) == 0) {
-      spdlog::info("executable store: kept {} (committed before a restart)", fp.substr(0, 12));
-      kept = true;
-    } else {
-      std::filesystem::remove(entry.path(), ec);
-    }
-  }
-  if (const int error = kept ? FsyncDirectory(directory) : 0; error != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot flush executable store ", directory, ": ", std::strerror(error)));
-  }
-  // What is held, oldest use first by modification time (Read refreshes it).
-  absl::MutexLock lock(&store->mu_);
-  for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!absl::EndsWith(name, kSuffix)) continue;
-    const std::string fp = name.substr(0, name.size() - std::strlen(kSuffix));
-    struct stat st;
-    if (!IsFingerprint(fp) || ::stat(entry.path().c_str(), &st) != 0) continue;
-    store->uses_[fp] = {static_cast<int64_t>(st.st_size), absl::TimeFromTimespec(st.st_mtim)};
-  }
-  store->EvictLocked();
-  return store;
+  ASSIGN_OR_RETURN(std::unique_ptr<ContentStore> files,
+                   ContentStore::Create({.directory = directory,
+                                         .suffix = ".xexe",
+                                         .max_bytes = limits.max_bytes,
+                                         .keep_recent = limits.keep_recent,
+                                         .recover_temp_files = true,
+                                         .log_name = "executable store"}));
+  return std::unique_ptr<ExecutableStore>(new ExecutableStore(std::move(files), limits));
 }
 
-ExecutableStore::ExecutableStore(std::string directory, Limits limits)
-    : directory_(std::move(directory)), limits_(limits), flusher_([this] { FlushLoop(); }) {}
+ExecutableStore::ExecutableStore(std::unique_ptr<ContentStore> files, Limits limits)
+    : files_(std::move(files)), limits_(limits), flusher_([this] { FlushLoop(); }) {}
 
-void ExecutableStore::EvictLocked() {
-  for (const std::string& fp :
-       LruEvictions(uses_, limits_.max_bytes, absl::Now() - limits_.keep_recent)) {
-    spdlog::info("executable store: evicted {} ({} bytes; the store keeps {} bytes)",
-                 fp.substr(0, 12), uses_[fp].bytes, limits_.max_bytes);
-    ::unlink(PathOf(fp).c_str());
-    uses_.erase(fp);
-  }
-}
-
-int64_t ExecutableStore::DurableBytes() const {
-  absl::MutexLock lock(&mu_);
-  int64_t total = 0;
-  for (const auto& [fp, use] : uses_) total += use.bytes;
-  return total;
-}
+int64_t ExecutableStore::DurableBytes() const { return files_->bytes(); }
 
 ExecutableStore::~ExecutableStore() {
   {
@@ -125,7 +53,7 @@ ExecutableStore::~ExecutableStore() {
 
 void ExecutableStore::Publish(const std::string& fingerprint, const std::string& temp_path) {
   absl::MutexLock lock(&mu_);
-  if (pending_.count(fingerprint) > 0 || std::filesystem::exists(PathOf(fingerprint))) {
+  if (pending_.count(fingerprint) > 0 || files_->Has(fingerprint)) {
     ::unlink(temp_path.c_str());  // a second copy of what is held
     return;
   }
@@ -142,36 +70,22 @@ void ExecutableStore::FlushLoop() {
       if (to_flush_.empty()) return;  // stopping, everything flushed
       fp = std::move(to_flush_.front());
       to_flush_.pop_front();
-      temp = pending_[fp];
+      auto it = pending_.find(fp);
+      if (it == pending_.end()) continue;  // Read found it corrupt and dropped it
+      temp = it->second;
       flushing_ = true;
     }
-    // Readers find the bytes at the temp path until the rename, made under mu_.
-    int error = SyncFile(temp);
-    {
-      absl::MutexLock lock(&mu_);
-      auto still = pending_.find(fp);
-      if (still == pending_.end() || still->second != temp) {
-        flushing_ = false;  // Read found it corrupt and dropped it meanwhile
-        continue;
-      }
-      if (error == 0 && ::rename(temp.c_str(), PathOf(fp).c_str()) != 0) error = errno;
-      if (error != 0) {
-        spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
-                      "sent again", fp.substr(0, 12), std::strerror(error));
-        ::unlink(temp.c_str());
-      } else {
-        std::error_code size_error;
-        const auto size = std::filesystem::file_size(PathOf(fp), size_error);
-        uses_[fp] = {size_error ? 0 : static_cast<int64_t>(size), absl::Now()};
-      }
-      pending_.erase(fp);
-      EvictLocked();
-    }
-    if (const int dir_error = FsyncDirectory(directory_); dir_error != 0) {
-      spdlog::error("executable store: cannot flush directory {}: {}", directory_,
-                    std::strerror(dir_error));
-    }
+    // Readers find the bytes at the temp path until Install renames it, then in files_.
+    const absl::Status installed = files_->Install(fp, temp);
     absl::MutexLock lock(&mu_);
+    auto still = pending_.find(fp);
+    if (still != pending_.end() && still->second == temp) {
+      if (!installed.ok()) {
+        spdlog::error("executable store: cannot make {} durable ({}); dropped, so it must be "
+                      "sent again", fp.substr(0, 12), installed.ToString());
+      }
+      pending_.erase(still);
+    }  // else Read found it corrupt and dropped it meanwhile
     flushing_ = false;
   }
 }
@@ -181,13 +95,9 @@ void ExecutableStore::Flush() {
   mu_.Await(absl::Condition(this, &ExecutableStore::AllDurable));
 }
 
-std::string ExecutableStore::PathOf(const std::string& fingerprint) const {
-  return absl::StrCat(directory_, "/", fingerprint, kSuffix);
-}
-
 absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
     const std::string& fingerprint, int64_t total, Verify verify) {
-  if (!IsFingerprint(fingerprint)) {
+  if (!IsSha256Hex(fingerprint)) {
     return absl::InvalidArgumentError(
         absl::StrCat("fingerprint \"", fingerprint, "\" is not a lowercase hex sha256"));
   }
@@ -202,9 +112,7 @@ absl::StatusOr<std::unique_ptr<ExecutableStore::Upload>> ExecutableStore::Begin(
     return absl::ResourceExhaustedError(absl::StrCat(
         limits_.max_uploads, " executable uploads are in progress here; retry later"));
   }
-  static std::atomic<int64_t> counter{0};
-  const std::string temp = absl::StrCat(directory_, "/", fingerprint, ".partial.", getpid(), ".",
-                                        counter.fetch_add(1));
+  const std::string temp = files_->TempPath(fingerprint);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     uploads_.fetch_sub(1);
@@ -381,53 +289,51 @@ absl::Status ExecutableStore::Upload::Commit(const std::string& sha256) {
 }
 
 bool ExecutableStore::Has(const std::string& fingerprint) const {
-  if (!IsFingerprint(fingerprint)) return false;
   absl::MutexLock lock(&mu_);
-  return pending_.count(fingerprint) > 0 || std::filesystem::exists(PathOf(fingerprint));
+  return pending_.count(fingerprint) > 0 || files_->Has(fingerprint);
 }
 
 absl::StatusOr<std::string> ExecutableStore::Read(const std::string& fingerprint) const {
-  std::ifstream in;
-  std::string path;
-  if (IsFingerprint(fingerprint)) {
-    absl::MutexLock lock(&mu_);  // opened before the flusher can rename it
-    auto it = pending_.find(fingerprint);
-    path = it != pending_.end() ? it->second : PathOf(fingerprint);
-    in.open(path, std::ios::binary);
-    if (auto use = uses_.find(fingerprint); use != uses_.end()) use->second.last = absl::Now();
-  }
-  if (!in.is_open()) {
+  if (!IsSha256Hex(fingerprint)) {
     return absl::NotFoundError(absl::StrCat("executable ", fingerprint, " is not held here"));
   }
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  std::string contents = bytes.str();
-  if (Sha256Hex(contents) != fingerprint) {
-    // The flusher may have renamed the file since it was opened: drop it wherever it is now.
+  std::ifstream in;
+  {
+    absl::MutexLock lock(&mu_);
+    // If the flusher has renamed it meanwhile, files_ has it.
+    if (auto it = pending_.find(fingerprint); it != pending_.end()) in.open(it->second, std::ios::binary);
+  }
+  absl::StatusOr<std::string> contents;
+  if (in.is_open()) {
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    contents = bytes.str();
+    if (Sha256Hex(*contents) != fingerprint) contents = absl::DataLossError("corrupt");
+  } else {
+    contents = files_->Read(fingerprint);
+  }
+  if (contents.status().code() == absl::StatusCode::kDataLoss) {
+    // The flusher may have installed the file since it was opened: drop it wherever it is now.
     absl::MutexLock lock(&mu_);
     if (auto it = pending_.find(fingerprint); it != pending_.end()) {
       ::unlink(it->second.c_str());
       pending_.erase(it);
     }
-    ::unlink(PathOf(fingerprint).c_str());
-    uses_.erase(fingerprint);
+    files_->Remove(fingerprint);
     return absl::DataLossError(
         absl::StrCat("executable ", fingerprint, " was corrupted on disk; deleted"));
+  }
+  if (contents.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat("executable ", fingerprint, " is not held here"));
   }
   return contents;
 }
 
 std::vector<std::string> ExecutableStore::Fingerprints() const {
-  std::vector<std::string> out;
-  std::error_code ec;
+  std::vector<std::string> out = files_->List();
   absl::MutexLock lock(&mu_);
-  for (const auto& [fp, temp] : pending_) out.push_back(fp);
-  for (const auto& entry : std::filesystem::directory_iterator(directory_, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (absl::EndsWith(name, kSuffix)) {
-      const std::string fp = name.substr(0, name.size() - std::strlen(kSuffix));
-      if (IsFingerprint(fp) && pending_.count(fp) == 0) out.push_back(fp);
-    }
+  for (const auto& [fp, temp] : pending_) {
+    if (!std::binary_search(out.begin(), out.end(), fp)) out.push_back(fp);
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -6,6 +6,9 @@
 // Survives restarts: Create() keeps a committed file that a crash caught before its flush if
 // it still hashes to its fingerprint (a power loss may have torn it: then it is deleted and
 // the coordinator sends it again), and the worker reports what it holds when it registers.
+// The durable files (<fingerprint>.xexe), their flush, checks on read, the LRU cap and that
+// recovery are a ContentStore's (common/content_store.h); uploads and the not-yet-durable
+// committed files are this store's.
 //
 // Lifetime: Create() returns an owned store; an Upload must not outlive it. Destroying the
 // store first flushes what was committed.
@@ -29,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/content_store.h"
 #include "common/protocol.h"
 #include "common/sha256.h"
 
@@ -155,14 +159,7 @@ class ExecutableStore {
   void Flush();
 
  private:
-  ExecutableStore(std::string directory, Limits limits);
-  // Deletes least recently used durable executables until max_bytes holds.
-  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Use {
-    int64_t bytes = 0;
-    absl::Time last;
-  };
-  std::string PathOf(const std::string& fingerprint) const;
+  ExecutableStore(std::unique_ptr<ContentStore> files, Limits limits);
   // Commit's hand-over: `temp_path` holds the verified bytes of `fingerprint`.
   void Publish(const std::string& fingerprint, const std::string& temp_path);
   void FlushLoop();  // the flusher thread: makes published files durable, in order
@@ -173,12 +170,11 @@ class ExecutableStore {
     return pending_.empty() && !flushing_;
   }
 
-  const std::string directory_;
+  const std::unique_ptr<ContentStore> files_;  // the durable executables
   const Limits limits_;
   std::atomic<int> uploads_{0};
-  mutable absl::Mutex mu_;
-  mutable std::map<std::string, Use> uses_ ABSL_GUARDED_BY(mu_);  // durable, by fingerprint
-  // Committed, not yet durable: fingerprint -> temp path (renamed under mu_ when flushed).
+  mutable absl::Mutex mu_;  // taken before files_'s own lock, never while files_ holds it
+  // Committed, not yet durable: fingerprint -> temp path (until files_ has installed it).
   mutable std::map<std::string, std::string> pending_ ABSL_GUARDED_BY(mu_);  // Read drops corrupt ones
   std::deque<std::string> to_flush_ ABSL_GUARDED_BY(mu_);  // fingerprints, commit order
   bool flushing_ ABSL_GUARDED_BY(mu_) = false;  // the flusher is working on one
