@@ -19,6 +19,7 @@
 #include "rpc/binary_setup.h"
 #include "cli/cli_certs.h"
 #include "cli/cli_checkpoints.h"
+#include "cli/cli_compile.h"
 #include "cli/cli_common.h"
 #include "cli/cli_get.h"
 #include "cli/cli_telemetry.h"
@@ -68,6 +69,8 @@ constexpr char kUsage[] =
     "                       --since_step, --series)\n"
     "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
     "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
+    "  compile <bundle>     compile a job for a TPU slice here, no cluster needed (--target=v6e-8;\n"
+    "                       prints bytes per device, FLOPs, executable size; exit 1: no fit)\n"
     "  drain <host>         ask a worker to drain as on SIGTERM and leave (role admin)\n"
     "  version              print this build's version and protocol range\n"
     "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n\n"
@@ -397,6 +400,7 @@ int main(int argc, char** argv) {
   if (args.size() < 2) ExitWithError(std::string("no command given\n") + kUsage, 2);
   const std::string& command = args[1];
   if (command == "certs") return meshrun::services::RunCertsCommand(args);
+  if (command == "compile") return meshrun::services::RunCompileCommand(args);
   if (command == "health") return Health(args);
   if (command == "workers") return Workers();
   if (command == "submit") return Submit(args);
@@ -419,5 +423,5 @@ int main(int argc, char** argv) {
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, submit, get, list, cancel, checkpoint, drain, watch, export, metrics, memory, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, compile, submit, get, list, cancel, checkpoint, drain, watch, export, metrics, memory, version", 2);
 }

@@ -19,5 +19,6 @@ absl::Status RegisterRuntimes(RuntimeRegistry& registry) {
 }
 
 std::string DefaultPjrtPluginPath() { return MESHRUN_DEFAULT_PJRT_PLUGIN; }
+std::string DefaultTpuCompilerPluginPath() { return MESHRUN_DEFAULT_TPU_PLUGIN; }
 
 }  // namespace meshrun::runtime

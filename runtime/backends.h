@@ -17,4 +17,8 @@ absl::Status RegisterRuntimes(RuntimeRegistry& registry);
 // default plugin of tests, benchmarks and the worker's --pjrt_plugin flag.
 std::string DefaultPjrtPluginPath();
 
+// The libtpu that scripts/setup.sh fetches (CMake cache var MESHRUN_TPU_PLUGIN), the one paired
+// with the project's JAX: the default compiler of `meshrun compile` and the TPU tests.
+std::string DefaultTpuCompilerPluginPath();
+
 }  // namespace meshrun::runtime

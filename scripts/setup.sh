@@ -42,6 +42,8 @@ else
 fi
 
 PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
+# libtpu, to compile for TPU topologies on this host (meshrun compile, the tpu tests).
+PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_libtpu.sh"
 "$root/.venv/bin/python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
 
 # The dashboard's npm packages (uPlot, esbuild, playwright-core), reinstalled only when

@@ -59,6 +59,12 @@ PJRT_Buffer_Type ToPjrt(DType dtype);    // PJRT_Buffer_Type_INVALID when PJRT h
 DType FromPjrt(PJRT_Buffer_Type type);   // DType::kInvalid when meshrun has no such type
 std::string NamedValueToString(const PJRT_NamedValue& value);  // "[1,2]" for an int64 list
 
+// One device as meshrun describes it; local_id is -1 (a client's addressable list sets it).
+// `platform` names the runtime_name ("TPU:3", "cpu:5").
+absl::StatusOr<DeviceDescription> DescribeDevice(const PJRT_Api* api,
+                                                 PJRT_DeviceDescription* description,
+                                                 const std::string& platform);
+
 // Client-create callbacks over the KeyValueClient given as their user_arg.
 PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args);
 PJRT_Error* KvTryGet(PJRT_KeyValueTryGetCallback_Args* args);

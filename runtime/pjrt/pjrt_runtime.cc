@@ -38,35 +38,7 @@ absl::StatusOr<DeviceDescription> Describe(const PJRT_Api* api, PJRT_Device* dev
   PJRT_ARGS(PJRT_Device_GetDescription_Args, get);
   get.device = device;
   RETURN_IF_ERROR(PJRT_CALL(api, PJRT_Device_GetDescription, get));
-  PJRT_DeviceDescription* description = get.device_description;
-  DeviceDescription out;
-  PJRT_ARGS(PJRT_DeviceDescription_Id_Args, id);
-  id.device_description = description;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Id, id));
-  out.global_id = id.id;
-  out.local_id = -1;
-  PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args, process);
-  process.device_description = description;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_ProcessIndex, process));
-  out.process_index = process.process_index;
-  PJRT_ARGS(PJRT_DeviceDescription_Kind_Args, kind);
-  kind.device_description = description;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Kind, kind));
-  out.kind.assign(kind.device_kind, kind.device_kind_size);
-  PJRT_ARGS(PJRT_DeviceDescription_Attributes_Args, attributes);
-  attributes.device_description = description;
-  RETURN_IF_ERROR(PJRT_CALL(api, PJRT_DeviceDescription_Attributes, attributes));
-  for (size_t i = 0; i < attributes.num_attributes; ++i) {
-    const PJRT_NamedValue& value = attributes.attributes[i];
-    const std::string name(value.name, value.name_size);
-    out.attributes[name] = NamedValueToString(value);
-    if (name == "coords" && value.type == PJRT_NamedValue_kInt64List) {
-      out.coords.assign(value.int64_array_value, value.int64_array_value + value.value_size);
-    }
-  }
-  // The names torch_xla and the seeds use: "TPU:3" on TPU, "<platform>:<id>" elsewhere.
-  out.runtime_name = absl::StrCat(platform == "tpu" ? "TPU" : platform, ":", out.global_id);
-  return out;
+  return pjrt::DescribeDevice(api, get.device_description, platform);
 }
 
 void AddTransfer(TransferCounter& counter, int64_t bytes, absl::Duration time) {

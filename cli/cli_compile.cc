@@ -1,0 +1,140 @@
+#include "cli/cli_compile.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bundle/example_job.h"
+#include "rpc/binary_setup.h"
+#include "runtime/compile_options.h"
+#include "runtime/compile_target.h"
+#include "runtime/backends.h"
+#include "runtime/runtime_setup.h"
+#include "runtime/target_compiler.h"
+
+ABSL_FLAG(std::string, target, "v6e-8",
+          "compile: the TPU slice to compile for (v6e-8, v6e-16, 2xv6e-8, v5e-4, ...)");
+ABSL_FLAG(std::string, compiler_plugin, "",
+          "compile: libtpu.so to compile with; default $TPU_LIBRARY_PATH, else the libtpu "
+          "set-up fetched");
+ABSL_FLAG(std::string, hlo_out, "",
+          "compile: directory to write each program's optimized HLO module (<role>.hlo.pb)");
+
+namespace meshrun::services {
+namespace {
+
+std::string CompilerPlugin() {
+  if (std::string flag = absl::GetFlag(FLAGS_compiler_plugin); !flag.empty()) return flag;
+  if (const char* env = std::getenv("TPU_LIBRARY_PATH"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return runtime::DefaultTpuCompilerPluginPath();
+}
+
+struct Row {
+  std::string role;
+  const runtime::ExampleProgram* program;
+};
+
+}  // namespace
+
+int RunCompileCommand(const std::vector<std::string>& args) {
+  if (args.size() != 3) {
+    ExitWithError("usage: meshrun compile <bundle directory or job.json> --target=v6e-8", 2);
+  }
+  absl::StatusOr<runtime::CompileTarget> target =
+      runtime::ParseCompileTarget(absl::GetFlag(FLAGS_target));
+  if (!target.ok()) ExitWithError(absl::StrCat("--target: ", target.status().message()), 2);
+  std::string job_json = args[2];
+  if (std::filesystem::is_directory(job_json)) job_json += "/job.json";
+  absl::StatusOr<runtime::ExampleJob> job = runtime::LoadExampleJob(job_json);
+  if (!job.ok()) ExitWithError(std::string(job.status().message()), 2);
+  const int devices = static_cast<int>(job->device_ids.size());
+  if (devices > target->devices()) {
+    ExitWithError(absl::StrCat("the job's mesh has ", devices, " devices; ", target->name,
+                               " has ", target->devices(),
+                               ": export the job for this target's device count"), 2);
+  }
+  const std::string plugin = CompilerPlugin();
+  absl::StatusOr<std::unique_ptr<runtime::TargetCompiler>> compiler =
+      CreateTargetCompiler(plugin, *target);
+  if (!compiler.ok()) {
+    ExitWithError(absl::StrCat("cannot compile for ", target->name, " with ", plugin, ": ",
+                               compiler.status().message()), 1);
+  }
+  std::printf("target %s: topology %s, %d x %s (%s HBM, %.0f TFLOP/s bf16 each), %d host(s); "
+              "compiler %s\n",
+              target->name.c_str(), target->topology_name.c_str(), target->devices(),
+              target->chip.device_kind.c_str(), runtime::FormatBytes(target->chip.hbm_bytes).c_str(),
+              target->chip.peak_bf16_flops / 1e12, target->hosts(),
+              runtime::ToString((*compiler)->identity()).c_str());
+  if (devices < target->devices()) {
+    std::printf("note: the job's mesh uses %d of the target's %d devices\n", devices,
+                target->devices());
+  }
+  // Device ids 0..n-1 of the topology; the coordinator orders a slice's chips along its ICI
+  // rings (coordinator/mesh_planner.h), which changes neither fit nor FLOPs.
+  std::vector<int64_t> device_ids;
+  for (int i = 0; i < devices; ++i) device_ids.push_back(i);
+  absl::StatusOr<std::string> options =
+      runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids));
+  if (!options.ok()) ExitWithError(std::string(options.status().message()), 1);
+  std::vector<Row> rows = {{"init", &job->init}};
+  if (job->mode_b()) {
+    rows.push_back({"grad", &job->grad});
+    rows.push_back({"apply", &job->apply});
+  } else {
+    rows.push_back({"step", &job->step});
+  }
+  const std::string hlo_out = absl::GetFlag(FLAGS_hlo_out);
+  if (!hlo_out.empty()) std::filesystem::create_directories(hlo_out);
+  std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %9s\n", "program", "per device",
+              "arguments", "outputs", "temporaries", "code", "FLOPs/device", "executable",
+              "compile");
+  int exit_code = 0;
+  std::vector<std::string> refusals;
+  for (const Row& row : rows) {
+    absl::StatusOr<runtime::TargetExecutable> compiled = (*compiler)->Compile(
+        {.code = row.program->code, .format = "mlir", .compile_options = *options});
+    if (!compiled.ok()) {
+      std::fprintf(stderr, "meshrun: program %s: %s\n", row.role.c_str(),
+                   std::string(compiled.status().message()).c_str());
+      exit_code = 1;
+      continue;
+    }
+    const runtime::ExecutableStats& stats = compiled->stats;
+    const runtime::CompiledMemory memory = stats.memory.value_or(runtime::CompiledMemory{});
+    std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %8.2fs\n", row.role.c_str(),
+                runtime::FormatBytes(memory.DeviceBytes()).c_str(),
+                runtime::FormatBytes(memory.argument_bytes).c_str(),
+                runtime::FormatBytes(memory.output_bytes).c_str(),
+                runtime::FormatBytes(memory.temp_bytes).c_str(),
+                runtime::FormatBytes(memory.generated_code_bytes).c_str(),
+                stats.flops ? absl::StrFormat("%.4g", *stats.flops).c_str() : "-",
+                runtime::FormatBytes(static_cast<int64_t>(compiled->serialized.size())).c_str(),
+                absl::ToDoubleSeconds(compiled->compile_time));
+    if (!stats.unreported.empty()) std::printf("       not reported: %s\n", stats.unreported.c_str());
+    if (stats.memory) {
+      if (absl::Status fits = runtime::CheckFits(row.role, *stats.memory, target->chip);
+          !fits.ok()) {
+        refusals.emplace_back(fits.message());
+        exit_code = 1;
+      }
+    }
+    if (!hlo_out.empty() && !compiled->optimized_hlo.empty()) {
+      std::ofstream(hlo_out + "/" + row.role + ".hlo.pb", std::ios::binary)
+          << compiled->optimized_hlo;
+    }
+  }
+  for (const std::string& refusal : refusals) {
+    std::fprintf(stderr, "meshrun: does not fit %s: %s\n", target->name.c_str(), refusal.c_str());
+  }
+  if (exit_code == 0) std::printf("fits %s\n", target->name.c_str());
+  return exit_code;
+}
+
+}  // namespace meshrun::services
