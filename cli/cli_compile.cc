@@ -1,9 +1,11 @@
 #include "cli/cli_compile.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +24,8 @@ ABSL_FLAG(std::string, compiler_plugin, "",
           "compile: libtpu.so to compile with; default $TPU_LIBRARY_PATH, else the libtpu "
           "set-up fetched");
 ABSL_FLAG(std::string, hlo_out, "",
-          "compile: directory to write each program's optimized HLO module (<role>.hlo.pb)");
+          "compile: directory to write each program's optimized HLO module (<role>.hlo.pb) and the "
+          "compile options used (compile_options.pb)");
 
 namespace meshrun::services {
 namespace {
@@ -76,10 +79,21 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     std::printf("note: the job's mesh uses %d of the target's %d devices\n", devices,
                 target->devices());
   }
-  // Device ids 0..n-1 of the topology; the coordinator orders a slice's chips along its ICI
-  // rings (coordinator/mesh_planner.h), which changes neither fit nor FLOPs.
+  // The topology's global ids (multislice: slice s counts from (s+1)*100000), an equal share
+  // from each slice, in id order. The coordinator orders a slice's chips along its ICI rings
+  // (coordinator/mesh_planner.h), which changes neither fit nor FLOPs.
+  std::map<int32_t, std::vector<int64_t>> by_slice;  // process-independent: id / 100000
+  for (const runtime::DeviceDescription& d : (*compiler)->devices()) {
+    by_slice[d.global_id / 100000].push_back(d.global_id);
+  }
+  const int per_slice = devices % target->num_slices == 0 ? devices / target->num_slices : devices;
   std::vector<int64_t> device_ids;
-  for (int i = 0; i < devices; ++i) device_ids.push_back(i);
+  for (auto& [slice, ids] : by_slice) {
+    std::sort(ids.begin(), ids.end());
+    for (int i = 0; i < per_slice && static_cast<int>(device_ids.size()) < devices; ++i) {
+      device_ids.push_back(ids[i]);
+    }
+  }
   absl::StatusOr<std::string> options =
       runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids));
   if (!options.ok()) ExitWithError(std::string(options.status().message()), 1);
@@ -91,7 +105,10 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     rows.push_back({"step", &job->step});
   }
   const std::string hlo_out = absl::GetFlag(FLAGS_hlo_out);
-  if (!hlo_out.empty()) std::filesystem::create_directories(hlo_out);
+  if (!hlo_out.empty()) {
+    std::filesystem::create_directories(hlo_out);
+    std::ofstream(hlo_out + "/compile_options.pb", std::ios::binary) << *options;
+  }
   std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %9s\n", "program", "per device",
               "arguments", "outputs", "temporaries", "code", "FLOPs/device", "executable",
               "compile");
@@ -101,8 +118,12 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     absl::StatusOr<runtime::TargetExecutable> compiled = (*compiler)->Compile(
         {.code = row.program->code, .format = "mlir", .compile_options = *options});
     if (!compiled.ok()) {
-      std::fprintf(stderr, "meshrun: program %s: %s\n", row.role.c_str(),
-                   std::string(compiled.status().message()).c_str());
+      const std::string message(compiled.status().message());
+      if (absl::IsResourceExhausted(compiled.status())) {
+        refusals.push_back(absl::StrCat("program ", row.role, " ", message));
+      } else {
+        std::fprintf(stderr, "meshrun: program %s: %s\n", row.role.c_str(), message.c_str());
+      }
       exit_code = 1;
       continue;
     }

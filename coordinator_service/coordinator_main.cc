@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
       web_root = (prefix / "share" / "meshrun" / "web").string();
     }
   }
+  meshrun::services::TerminationSignalWatch signals("meshrun-coordinator");
+  signals.SetStage("loading the PJRT plugin and starting the server");
   auto server = meshrun::services::CoordinatorServer::Start(
       {.listen = absl::GetFlag(FLAGS_listen).empty()
                      ? meshrun::services::DefaultListenAddress(7070)
@@ -77,7 +79,8 @@ int main(int argc, char** argv) {
        .hang_timeout = absl::GetFlag(FLAGS_hang_timeout),
        .limits = meshrun::services::CoordinatorLimitsFromFlags()});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
-  const int signal = meshrun::services::WaitForTerminationSignal();
+  signals.MarkStarted();
+  const int signal = signals.Wait();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
   spdlog::info("signal {}: draining (deadline {})", signal, absl::FormatDuration(drain));
   (*server)->Drain(drain);

@@ -8,13 +8,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/channel_health.h"
 #include "rpc/tls_credentials.h"
@@ -139,6 +142,48 @@ int WaitForTerminationSignal() {
   while (sigwait(&set, &signal) != 0) {
   }
   return signal;
+}
+
+struct TerminationSignalWatch::Shared {
+  std::string program;
+  absl::Mutex mu;
+  std::string stage ABSL_GUARDED_BY(mu) = "starting";
+  bool started ABSL_GUARDED_BY(mu) = false;
+  int signal ABSL_GUARDED_BY(mu) = 0;
+};
+
+TerminationSignalWatch::TerminationSignalWatch(std::string program)
+    : shared_(std::make_shared<Shared>()) {
+  shared_->program = std::move(program);
+  std::thread([shared = shared_] {
+    const int signal = WaitForTerminationSignal();
+    absl::MutexLock lock(&shared->mu);
+    if (!shared->started) {
+      std::fprintf(stderr, "%s: signal %d during start-up (%s): exiting\n",
+                   shared->program.c_str(), signal, shared->stage.c_str());
+      std::fflush(stderr);
+      _exit(0);
+    }
+    shared->signal = signal;
+  }).detach();
+}
+
+void TerminationSignalWatch::SetStage(std::string stage) {
+  absl::MutexLock lock(&shared_->mu);
+  shared_->stage = std::move(stage);
+}
+
+void TerminationSignalWatch::MarkStarted() {
+  absl::MutexLock lock(&shared_->mu);
+  shared_->started = true;
+}
+
+int TerminationSignalWatch::Wait() {
+  absl::MutexLock lock(&shared_->mu);
+  shared_->mu.Await(absl::Condition(
+      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->signal != 0; },
+      shared_.get()));
+  return shared_->signal;
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,

@@ -63,6 +63,25 @@ void RouteGrpcLogsToSpdlog();
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
+// SIGTERM and SIGINT from construction on (call BlockTerminationSignals first). Until
+// MarkStarted, a signal ends the process at once with exit status 0 and one line naming the
+// start-up stage: start-up may block in code meshrun does not control (a plugin initialising,
+// a metadata server), and nothing has been accepted yet that a drain would finish. After
+// MarkStarted, Wait returns the signal for the caller to drain.
+// Thread-safety: every method may be called from any thread. Construct at most one per process;
+// it lives until the process exits (its thread is detached).
+class TerminationSignalWatch {
+ public:
+  explicit TerminationSignalWatch(std::string program);
+  void SetStage(std::string stage);  // "creating the PJRT client", logged if a signal ends it
+  void MarkStarted();
+  int Wait();  // blocks until a signal arrives after MarkStarted; returns its number
+
+ private:
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
+};
+
 // A client channel with meshrun's defaults (no proxy lookups) and the process's credentials
 // (rpc/tls_credentials.h: mutual TLS and token when configured, else plaintext).
 // Without `expect`, any server with a certificate from the cluster CA will do.

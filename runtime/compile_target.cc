@@ -113,7 +113,7 @@ absl::StatusOr<CompileTarget> ParseCompileTarget(absl::string_view name) {
                                                     num_slices);
   if (!target.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("target \"", name, "\": ", target.status().message()));
+        absl::StrCat("target \"", name, "\": ", target.status().message(), "; ", usage));
   }
   return target;
 }
@@ -135,9 +135,9 @@ absl::Status CheckFits(absl::string_view program, const CompiledMemory& memory,
   if (memory.DeviceBytes() <= chip.hbm_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "program ", program, " needs ", FormatBytes(memory.DeviceBytes()), " per device (arguments ",
-      FormatBytes(memory.argument_bytes), ", outputs ", FormatBytes(memory.output_bytes),
-      ", aliased -", FormatBytes(memory.alias_bytes), ", temporaries ",
-      FormatBytes(memory.temp_bytes), ", code ", FormatBytes(memory.generated_code_bytes),
+      FormatBytes(memory.argument_bytes), " + outputs ", FormatBytes(memory.output_bytes),
+      " - aliased ", FormatBytes(memory.alias_bytes), " + temporaries ",
+      FormatBytes(memory.temp_bytes), " + code ", FormatBytes(memory.generated_code_bytes),
       "); a ", chip.generation, " chip has ", FormatBytes(chip.hbm_bytes),
       " of HBM: shard the state over more devices or shrink the batch"));
 }

@@ -83,6 +83,12 @@ absl::StatusOr<std::unique_ptr<runtime::Runtime>> CreatePjrtRuntime(
       registry.Create("pjrt", {.plugin_path = plugin_path,
                                .create_options = DefaultCreateOptions(platform, cpu_devices),
                                .kv_client = std::move(kv_client)});
+  if (!runtime.ok() && platform == PluginPlatform::kTpu &&
+      absl::StrContains(runtime.status().message(), "libtpu multi-process lockfile")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another process on this host holds libtpu (", runtime.status().message(),
+        "): stop the other worker or JAX process using the TPU chips, then start again"));
+  }
   if (!runtime.ok() && platform == PluginPlatform::kTpu && NoTpuChips(runtime.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "libtpu found no TPU chips on this host (", runtime.status().message(),
@@ -94,9 +100,14 @@ absl::StatusOr<std::unique_ptr<runtime::Runtime>> CreatePjrtRuntime(
 absl::StatusOr<std::unique_ptr<runtime::TargetCompiler>> CreateTargetCompiler(
     const std::string& plugin_path, const runtime::CompileTarget& target) {
 #if MESHRUN_WITH_PJRT
-  // Compiling for a topology needs nothing of this host: libtpu must not spend minutes asking
-  // a metadata server for the host's TPU variables (the environment still wins).
-  if (PluginPlatformOf(plugin_path) == PluginPlatform::kTpu) setenv("TPU_SKIP_MDS_QUERY", "1", 0);
+  // Compiling for a topology needs nothing of this host: libtpu must neither spend minutes
+  // asking a metadata server for the host's TPU variables nor take the host's chip lock
+  // (/tmp/libtpu_lockfile), which a worker or a second compiler would then be refused. The
+  // environment still wins.
+  if (PluginPlatformOf(plugin_path) == PluginPlatform::kTpu) {
+    setenv("TPU_SKIP_MDS_QUERY", "1", 0);
+    setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+  }
   return runtime::CreatePjrtTargetCompiler(plugin_path, target);
 #else
   return absl::UnimplementedError("this build has no PJRT backend (MESHRUN_WITH_PJRT=OFF)");

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -75,6 +76,25 @@ absl::StatusOr<HostIdentity> ResolveHostIdentity(const HostIdentity& flags,
     id.host = id.slice_hostnames.empty() ? MachineHostName() : id.slice_hostnames[id.worker_index];
   }
   return id;
+}
+
+std::vector<std::pair<std::string, std::string>> TpuRuntimeVariables(const HostIdentity& identity,
+                                                                     const EnvLookup& resolved,
+                                                                     const EnvLookup& process_env) {
+  std::vector<std::pair<std::string, std::string>> wanted = {
+      {"TPU_WORKER_ID", absl::StrCat(identity.worker_index)},
+      {"TPU_WORKER_HOSTNAMES", identity.slice_hostnames.empty()
+                                   ? identity.host
+                                   : absl::StrJoin(identity.slice_hostnames, ",")},
+      {"TPU_SKIP_MDS_QUERY", "1"}};
+  if (std::optional<std::string> type = resolved("TPU_ACCELERATOR_TYPE")) {
+    wanted.emplace_back("TPU_ACCELERATOR_TYPE", *type);
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [name, value] : wanted) {
+    if (!process_env(name).has_value()) out.emplace_back(name, std::move(value));
+  }
+  return out;
 }
 
 }  // namespace meshrun::worker

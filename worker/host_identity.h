@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,5 +33,13 @@ EnvLookup ProcessEnvironment();
 // (not an integer, negative, worker index outside the host list, slice id >= slice count).
 absl::StatusOr<HostIdentity> ResolveHostIdentity(const HostIdentity& flags,
                                                  const EnvLookup& env);
+
+// What libtpu reads at client creation, from the identity resolved above, for each variable
+// `process_env` lacks: TPU_WORKER_ID, TPU_WORKER_HOSTNAMES (the slice's hosts, or this host),
+// TPU_ACCELERATOR_TYPE (when `resolved` has it, e.g. from the metadata server), and
+// TPU_SKIP_MDS_QUERY=1 so libtpu does not ask the metadata server again. (name, value) pairs.
+std::vector<std::pair<std::string, std::string>> TpuRuntimeVariables(const HostIdentity& identity,
+                                                                     const EnvLookup& resolved,
+                                                                     const EnvLookup& process_env);
 
 }  // namespace meshrun::worker

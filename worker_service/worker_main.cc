@@ -14,6 +14,7 @@
 #include "worker/host_identity.h"
 #include "runtime/backends.h"
 #include "runtime/megascale.h"
+#include "runtime/runtime_setup.h"
 
 ABSL_FLAG(std::string, listen, "",
           "HOST:PORT to serve on; port 0 picks a free port; default [::]:7071 with TLS, "
@@ -84,13 +85,28 @@ int main(int argc, char** argv) {
   if (args.size() > 1) {
     ExitWithError("unexpected argument \"" + args[1] + "\"; see --help", 2);
   }
+  meshrun::services::TerminationSignalWatch signals("meshrun-worker");
+  signals.SetStage("resolving this host's TPU identity");
+  const meshrun::worker::EnvLookup tpu_env = TpuEnvironment();
   auto identity = meshrun::worker::ResolveHostIdentity(
       {.host = absl::GetFlag(FLAGS_host),
        .slice_id = absl::GetFlag(FLAGS_slice_id),
        .num_slices = absl::GetFlag(FLAGS_num_slices),
        .worker_index = absl::GetFlag(FLAGS_worker_index)},
-      TpuEnvironment());
+      tpu_env);
   if (!identity.ok()) ExitWithError(std::string(identity.status().message()), 2);
+  const std::string plugin = absl::GetFlag(FLAGS_pjrt_plugin);
+  if (meshrun::services::PluginPlatformOf(plugin) == meshrun::services::PluginPlatform::kTpu) {
+    // libtpu reads these when the client is created; given here, it does not poll the metadata
+    // server for minutes on a host that is not a TPU VM.
+    std::string exported;
+    for (const auto& [name, value] : meshrun::worker::TpuRuntimeVariables(
+             *identity, tpu_env, meshrun::worker::ProcessEnvironment())) {
+      setenv(name.c_str(), value.c_str(), 1);
+      absl::StrAppend(&exported, " ", name, "=", value);
+    }
+    if (!exported.empty()) spdlog::info("libtpu gets{}", exported);
+  }
   // Multislice: libtpu reads MEGASCALE_* when the runtime is created (WorkerServer::Start).
   auto megascale = meshrun::runtime::ResolveMegascale(
       {.host = identity->host,
@@ -117,6 +133,7 @@ int main(int argc, char** argv) {
   if (state_dir.empty()) {
     state_dir = meshrun::services::DefaultStateDir("worker-" + identity->host);
   }
+  signals.SetStage(absl::StrCat("loading ", plugin, " and starting the server"));
   auto server = meshrun::services::WorkerServer::Start(
       {.listen = absl::GetFlag(FLAGS_listen).empty()
                      ? meshrun::services::DefaultListenAddress(7071)
@@ -125,7 +142,7 @@ int main(int argc, char** argv) {
        .coordinator = absl::GetFlag(FLAGS_coordinator),
        .identity = *identity,
        .state_dir = state_dir,
-       .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
+       .pjrt_plugin = plugin,
        .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
        .upload_idle_timeout = absl::GetFlag(FLAGS_upload_idle_timeout),
        .executable_store_bytes = absl::GetFlag(FLAGS_executable_store_bytes),
@@ -134,7 +151,8 @@ int main(int argc, char** argv) {
        .data_roots = meshrun::services::RepeatedFlagValues("data_root",
                                                            absl::GetFlag(FLAGS_data_root))});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
-  const int signal = meshrun::services::WaitForTerminationSignal();
+  signals.MarkStarted();
+  const int signal = signals.Wait();
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
   spdlog::info("signal {}: draining (deadline {})", signal, absl::FormatDuration(drain));
   (*server)->Drain(drain);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
@@ -94,6 +95,15 @@ class PjrtTargetCompiler final : public TargetCompiler {
     if (status.code() == absl::StatusCode::kUnknown) {
       return absl::InvalidArgumentError(absl::StrCat("program rejected for ", target_.name,
                                                      " (plugin code UNKNOWN): ", status.message()));
+    }
+    if (absl::StrContains(status.message(), "Ran out of memory in memory space hbm")) {
+      // XLA:TPU's own fit check; its first line has the figures ("Used 32.00G of 31.25G hbm").
+      const absl::string_view message = status.message();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "does not fit one ", target_.chip.generation, " chip's HBM (",
+          FormatBytes(target_.chip.hbm_bytes), ", part reserved by the runtime): ",
+          message.substr(0, message.find('\n')),
+          " Shard the state over more devices or shrink the batch."));
     }
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("compiling for ", target_.name, ": ",
