@@ -4,9 +4,12 @@
 # pandas for Client.export(as_dataframe=True)).
 # Idempotent: reinstalls only when python/ or proto/ changed (stamp in .venv). Needs .venv
 # (scripts/fetch_pjrt.sh). Used by scripts/setup.sh and the sdk tests.
+# MESHRUN_VENV=<dir> installs into another venv instead: .venv-torch (scripts/install_torch.sh),
+# which takes the build and test packages from .venv through its .pth file.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-py="$root/.venv/bin/python"
+venv="${MESHRUN_VENV:-$root/.venv}"
+py="$venv/bin/python"
 [ -x "$py" ] || { echo "install_sdk: $py absent; run scripts/setup.sh" >&2; exit 1; }
 GRPCIO_TOOLS_VERSION=1.85.1
 PYTEST_VERSION=9.2.0
@@ -20,12 +23,12 @@ if ! have grpcio-tools "$GRPCIO_TOOLS_VERSION" || ! have pytest "$PYTEST_VERSION
   "$py" -m pip install --quiet --disable-pip-version-check --no-input --only-binary=:all: \
     "grpcio-tools==$GRPCIO_TOOLS_VERSION" "pytest==$PYTEST_VERSION" "pandas==$PANDAS_VERSION"
 fi
-stamp="$root/.venv/.meshrun-sdk.sha256"
+stamp="$venv/.meshrun-sdk.sha256"
 sum="$(cd "$root" && find python/meshrun python/setup.py python/pyproject.toml proto -type f \
   \( -name '*.py' -o -name '*.proto' -o -name '*.toml' \) -not -path '*/__pycache__/*' \
   | sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
-  echo "install_sdk: installing python/ (meshrun) into .venv"
+  echo "install_sdk: installing python/ (meshrun) into $(basename "$venv")"
   rm -rf "$root/python/build"
   "$py" -m pip install --quiet --disable-pip-version-check --no-input --no-build-isolation \
     --no-deps "$root/python"
