@@ -4,3 +4,8 @@ module may import it without importing each other."""
 
 class BundleError(ValueError):
     """A malformed bundle or job option; the message names the file and field."""
+
+
+class TorchExportError(ValueError):
+    """What meshrun.torch cannot export or load (docs/torch.md lists each); the message names
+    the parameter, rule or construct at fault and the fix."""

@@ -182,7 +182,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         _, metric_shapes = jax.eval_shape(step, state_shapes, batch0, *extra0)
     reference_series = _checked_reference_series(metric_shapes, reference_series, mode_b)
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
-    init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings)
+    # keep_unused: an init may ignore the seed (meshrun.torch's weights come from the module).
+    init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings,
+                       keep_unused=True)
 
     os.makedirs(out_dir, exist_ok=True)
     _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms, 1, False)
