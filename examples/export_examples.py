@@ -38,12 +38,9 @@ follows the host's vector units, so JAX's own losses move in the last bits betwe
   .venv/bin/python examples/export_examples.py --check   # regenerate into a temp dir, compare
 Exit code 77 (with a message) when JAX is not installed.
 """
-import argparse
-import filecmp
 import json
 import os
 import sys
-import tempfile
 
 # Fixed before JAX loads: 8 host devices, CPU only, no flags from the caller's environment.
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -58,6 +55,7 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"skipped: JAX is not installed ({e}); run scripts/fetch_pjrt.sh")
     sys.exit(77)
+import regenerate  # noqa: E402  (examples/regenerate.py: --check and --out)
 import meshrun.export  # the SDK (python/), installed into .venv by scripts/install_sdk.sh
 
 STEPS = 20
@@ -711,60 +709,13 @@ def export_all(out_root, quiet=False):
         assert worst < 1e-4, f"{name}: dp4x2 differs from dp8 by {worst} (relative loss)"
 
 
-def outputs_of(root):
-    found = set()
-    for sub in ("jax_compile_options", Mlp.name, TransformerLm.name, TransformerMoe.name):
-        for dirpath, _, files in os.walk(os.path.join(root, sub)):
-            found.update(os.path.relpath(os.path.join(dirpath, f), root) for f in files)
-    return found
-
-
+# reference.json's numbers move in the last bits between machines (see the top of this file).
 REFERENCE_RTOL = 1e-5
-
-
-def same_numbers(a, b):
-    """Whether two JSON values are equal, floats within REFERENCE_RTOL."""
-    if isinstance(a, float) or isinstance(b, float):
-        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                and abs(a - b) <= REFERENCE_RTOL * max(abs(a), abs(b)))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_numbers(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_numbers(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def same_output(fresh, committed):
-    if os.path.basename(fresh) == "reference.json":
-        with open(fresh) as f, open(committed) as g:
-            return same_numbers(json.load(f), json.load(g))
-    return filecmp.cmp(fresh, committed, shallow=False)
-
-
-def check():
-    with tempfile.TemporaryDirectory() as tmp:
-        export_all(tmp, quiet=True)
-        fresh, committed = outputs_of(tmp), outputs_of(ROOT)
-        problems = [f"missing in examples/: {p}" for p in sorted(fresh - committed)]
-        problems += [f"not produced by the script: {p}" for p in sorted(committed - fresh)]
-        problems += [f"differs: {p}" for p in sorted(fresh & committed)
-                     if not same_output(os.path.join(tmp, p), os.path.join(ROOT, p))]
-    for p in problems:
-        print(p)
-    print(f"{len(fresh)} files regenerated, {len(problems)} problems")
-    return 1 if problems else 0
+OUTPUTS = ("jax_compile_options", Mlp.name, TransformerLm.name, TransformerMoe.name)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="regenerate into a temporary directory and compare with examples/")
-    parser.add_argument("--out", default=ROOT, help="output root (default: examples/)")
-    args = parser.parse_args()
-    if args.check:
-        return check()
-    export_all(args.out)
-    return 0
+    return regenerate.main(__doc__, export_all, OUTPUTS, ROOT, REFERENCE_RTOL)
 
 
 if __name__ == "__main__":
