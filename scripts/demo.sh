@@ -12,7 +12,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh
+# The demo needs no torch: set-up skips its 4 GB (scripts/install_torch.sh) unless asked.
+MESHRUN_SKIP_TORCH="${MESHRUN_SKIP_TORCH:-1}" bash scripts/setup.sh
 bash scripts/build.sh build
 bin="$root/build/bin"
 run="$(mktemp -d)"

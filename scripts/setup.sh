@@ -3,7 +3,8 @@
 # Debian packages (compilers, gRPC, protobuf, abseil, spdlog, GoogleTest, ...), then the PJRT
 # header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh), the
 # main job's token shards from the fortunes package's text (.data/fortunes, docs/data.md), and
-# the web dashboard's pinned npm packages (npm ci in web/, from web/package-lock.json).
+# the web dashboard's pinned npm packages (npm ci in web/, from web/package-lock.json), and
+# torch + torchax for meshrun.torch in .venv-torch (scripts/install_torch.sh).
 # A second run installs nothing, downloads nothing and rewrites no shard.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +71,13 @@ else
 fi
 # --- sdk (issue 17): the meshrun Python SDK (python/) in .venv, reinstalled when it changes.
 bash "$root/scripts/install_sdk.sh"
+# --- torch (issue 26): pinned torch + torchax in a second venv, .venv-torch, for meshrun.torch
+# and its tests (scripts/install_torch.sh: why a second venv; about 4.1 GB downloaded once into
+# ~/.cache/meshrun, a rerun downloads nothing), with the SDK. MESHRUN_SKIP_TORCH=1 skips it.
+bash "$root/scripts/install_torch.sh"
+if [ "${MESHRUN_SKIP_TORCH:-0}" != 1 ]; then
+  MESHRUN_VENV="$root/.venv-torch" bash "$root/scripts/install_sdk.sh"
+fi
 # --- fuzz (issue 16): libFuzzer's runtime for Debian's clang 14 (fuzz/, scripts/fuzz.sh).
 if ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed"; then
   echo "setup: installing Debian package libclang-rt-14-dev (libFuzzer)"
