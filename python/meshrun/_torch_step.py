@@ -276,7 +276,7 @@ def explain_trace_error(error, optimizer):
                           jax.errors.TracerBoolConversionError,
                           jax.errors.TracerIntegerConversionError)):
         return TorchExportError(
-            "loss_fn reads a tensor's value in Python (.item(), bool(), int(), `if tensor:`): "
+            "loss_fn reads a tensor's value in Python (.item(), bool(), int(), if tensor:): "
             "the step is compiled once, without values; use tensor operations (torch.where) "
             f"instead ({type(error).__name__})")
     if "does not require grad" in text or "grad_fn" in text:

@@ -143,3 +143,23 @@ def test_tied_weights_train_once_and_load_under_both_names(tmp_path):
     assert fresh.head.weight is fresh.embed.weight
     assert torch.equal(fresh.head.weight, model.embed.weight)
     assert F.mse_loss(fresh.pos, model.pos) == 0
+
+
+def two_groups(m):
+    return [{"params": list(m[0].parameters()), "lr": 1e-3},
+            {"params": list(m[2].parameters()) + list(m[4].parameters()), "weight_decay": 0.01}]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, amsgrad=True),
+    lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
+    lambda m: torch.optim.AdamW(two_groups(m), lr=2e-3)], ids=["amsgrad", "nesterov", "groups"])
+def test_optimizer_settings_train_like_eager_torch_in_jax(tmp_path, make):
+    """More settings, 20 steps of the exported programs run by JAX (export's reference_steps;
+    the cluster runs these programs with the same losses, test_torch_cluster.py)."""
+    model = tm.mlp()
+    optimizer = make(model)
+    batches = tm.mlp_batches(20)
+    want, _, _ = tm.eager(model, optimizer, tm.mlp_loss, batches)
+    out = export(tmp_path, model=model, optimizer=optimizer, batches=batches, reference_steps=20)
+    np.testing.assert_allclose(out["reference_loss"], want, rtol=1e-5)

@@ -56,9 +56,7 @@ def eager(model, optimizer, loss_fn, batches, capturable=False):
     meshrun compiles: the step count a tensor, bias corrections in float32) on the CPU, which
     torch otherwise allows on accelerators only."""
     import torch.optim.adam as adam
-    model = copy.deepcopy(model)
-    opt = type(optimizer)(model.parameters())
-    opt.load_state_dict(optimizer.state_dict())   # the same hyperparameters (and state)
+    model, opt = copy.deepcopy((model, optimizer))   # the copy's optimizer holds the copy's
     supported = adam._get_capturable_supported_devices
     if capturable:
         for group in opt.param_groups:
