@@ -230,7 +230,7 @@ def torch_update(cls, groups):
 
 # ---------------------------------------------------------------- the loss
 
-def torch_loss(model, loss_fn, optimizer):
+def torch_loss(model, loss_fn):
     """loss(tensors, batch) -> {"loss": scalar, other metrics}, for call_torch: loss_fn(model,
     batch) with the model's parameters and buffers replaced by `tensors` ({name: tensor})."""
     import torch
@@ -268,7 +268,7 @@ def _metrics(out):
     return out
 
 
-def explain_trace_error(error, optimizer):
+def explain_trace_error(error):
     """A TorchExportError saying what in loss_fn cannot be compiled, or None to re-raise."""
     import jax
     text = str(error)
@@ -279,18 +279,15 @@ def explain_trace_error(error, optimizer):
             "loss_fn reads a tensor's value in Python (.item(), bool(), int(), if tensor:): "
             "the step is compiled once, without values; use tensor operations (torch.where) "
             f"instead ({type(error).__name__})")
-    if "does not require grad" in text or "grad_fn" in text:
+    if "does not require grad" in text or "does not have a grad_fn" in text:
         return TorchExportError(
             "loss_fn calls torch autograd (loss.backward() or torch.autograd.grad): meshrun "
             "takes the gradients with JAX; return the loss instead")
     return None
 
 
-class OptimizerStepInLoss(TorchExportError):
-    pass
-
-
 def refuse_step(*args, **kwargs):
-    raise OptimizerStepInLoss(
+    """Stands in for the user's optimizer.step while loss_fn is traced."""
+    raise TorchExportError(
         "loss_fn calls optimizer.step(): meshrun runs the optimizer's update itself after each "
         "step's gradients; return the loss instead (and drop zero_grad/backward/step)")

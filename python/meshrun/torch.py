@@ -104,7 +104,7 @@ def export(out_dir, model, loss_fn, *, optimizer, mesh, batch, batches=None, sha
         batch_shardings = {k: v if isinstance(v, P) else P(*(v or ()))
                            for k, v in batch_shardings.items()}
 
-    loss_torch = ts.torch_loss(model, loss_fn, optimizer)
+    loss_torch = ts.torch_loss(model, loss_fn)
     update = ts.torch_update(type(optimizer), groups)
 
     def loss_jax(trained, carried, batch):
@@ -153,10 +153,10 @@ def export(out_dir, model, loss_fn, *, optimizer, mesh, batch, batches=None, sha
                 return apply_update(state, grads), metrics
             # keep_unused: a batch array or buffer the loss does not read stays an input.
             out = mexport.export(out_dir, step=step, keep_unused=True, **common)
-    except ts.OptimizerStepInLoss:
+    except TorchExportError:
         raise
     except Exception as e:  # what torch code inside the trace cannot do, explained
-        explained = ts.explain_trace_error(e, optimizer)
+        explained = ts.explain_trace_error(e)
         if explained is None:
             raise
         raise explained from e
