@@ -175,10 +175,23 @@ def optimizer_groups(optimizer, params):
     return groups
 
 
+def zero_state(cls, params, groups):
+    """{param name: {state key: zeros}}: the state optimizer class `cls` keeps with these param
+    groups, found by one step on zero tensors of the parameters' shapes (torch starts these
+    buffers at zero)."""
+    import torch
+    probes = {n: torch.zeros_like(p.detach(), requires_grad=True) for n, p in params.items()}
+    probe = cls([dict(h, params=[probes[n] for n in names]) for names, h in groups])
+    for t in probes.values():
+        t.grad = torch.zeros_like(t)
+    probe.step()
+    return {n: {k: torch.zeros_like(v) for k, v in probe.state[probes[n]].items()
+                if isinstance(v, torch.Tensor)} for n in params}
+
+
 def initial_optimizer_state(optimizer, params, groups):
     """{state key: {param name: numpy}}: the optimizer's own state where it has one (a loaded
-    state_dict), else its zero state, found by one step of the optimizer's class on zero
-    tensors of the parameters' shapes (torch starts these buffers at zero)."""
+    state_dict), else its zero state (zero_state)."""
     import torch
     cls = type(optimizer)
     if optimizer.state:
@@ -187,13 +200,7 @@ def initial_optimizer_state(optimizer, params, groups):
         if missing and len(missing) != len(params):
             raise TorchExportError(f"optimizer.state holds no state for parameters {missing}")
     else:
-        probes = {n: torch.zeros_like(p.detach(), requires_grad=True) for n, p in params.items()}
-        probe = cls([dict(h, params=[probes[n] for n in names]) for names, h in groups])
-        for t in probes.values():
-            t.grad = torch.zeros_like(t)
-        probe.step()
-        tensors = {n: {k: torch.zeros_like(v) for k, v in probe.state[probes[n]].items()
-                       if isinstance(v, torch.Tensor)} for n in params}
+        tensors = zero_state(cls, params, groups)
     out = {}
     for name, state in tensors.items():
         for key, value in state.items():

@@ -288,23 +288,23 @@ def load_state_dict(model, checkpoint, optimizer=None):
 
 
 def _load_optimizer(optimizer, model, step_dir, leaves):
+    """The optimizer's state from the checkpoint's opt.<key>.<param> arrays; TorchExportError
+    when they are not the state this optimizer (class and settings) keeps."""
     keys = sorted({leaf.split(".")[1] for leaf in leaves if leaf.startswith("opt.")})
-    if not keys:
-        raise TorchExportError(f"{step_dir} holds no optimizer state (no opt.<key>/ arrays)")
-    params = dict(model.named_parameters())
-    by_id = {id(p): n for n, p in params.items()}
-    saved = optimizer.state_dict()
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    groups = ts.optimizer_groups(optimizer, params)
+    zeros = ts.zero_state(type(optimizer), params, groups)
+    expected = sorted({k for state in zeros.values() for k in state})
+    if keys != expected:
+        raise TorchExportError(
+            f"{step_dir} holds optimizer state {keys}, a torch.optim.{type(optimizer).__name__} "
+            f"with these settings keeps {expected}: pass the optimizer (class and settings) "
+            "that trained, or optimizer=None for the weights alone")
     state, index = {}, 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            name = by_id.get(id(p))
-            if name is None:
-                raise TorchExportError("the optimizer holds a tensor that is not a parameter of "
-                                       "the model: build it over model.parameters()")
-            entry = {k: _read_leaf(step_dir, f"opt.{k}.{name}",
-                                  () if k == "step" else p.shape)
-                     for k in keys if f"opt.{k}.{name}" in leaves}
-            if entry:
-                state[index] = entry
+    for names, _ in groups:
+        for name in names:
+            state[index] = {k: _read_leaf(step_dir, f"opt.{k}.{name}", zero.shape)
+                            for k, zero in zeros[name].items()}
             index += 1
-    optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": optimizer.state_dict()["param_groups"]})

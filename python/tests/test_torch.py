@@ -163,3 +163,14 @@ def test_optimizer_settings_train_like_eager_torch_in_jax(tmp_path, make):
     want, _, _ = tm.eager(model, optimizer, tm.mlp_loss, batches)
     out = export(tmp_path, model=model, optimizer=optimizer, batches=batches, reference_steps=20)
     np.testing.assert_allclose(out["reference_loss"], want, rtol=1e-5)
+
+
+def test_load_state_dict_refuses_another_optimizer(tmp_path):
+    model = tm.mlp()
+    out = export(tmp_path, model=model, initial_weights="checkpoint",
+                 optimizer=torch.optim.Adam(model.parameters()))
+    with pytest.raises(TorchExportError, match=r"holds optimizer state \['exp_avg', "
+                       r"'exp_avg_sq', 'step'\], a torch.optim.SGD with these settings keeps "
+                       r"\['momentum_buffer'\]: pass the optimizer"):
+        meshrun.torch.load_state_dict(model, out["resume_from"], optimizer=torch.optim.SGD(
+            model.parameters(), lr=0.1, momentum=0.9))

@@ -87,15 +87,15 @@ def test_mlp_trains_like_eager_torch(tmp_path, cluster, opt_name):
     report(f"mlp {opt_name} f32", got, want, seconds)
     assert worst(got, want) <= 1e-5, (got, want)
     _, trained, _ = tm.eager(model, optimizer, tm.mlp_loss, batches, capturable=True)
-    diff = weights_differ(trained, tmp_path / "ckpt", type(optimizer))
+    diff = weights_differ(trained, tmp_path / "ckpt", lambda: (
+        lambda m: (m, tm.OPTIMIZERS[opt_name](m.parameters())))(tm.mlp()))
     assert diff <= 1e-6, diff
 
 
-def weights_differ(trained, checkpoint, optimizer_class, make=tm.mlp):
+def weights_differ(trained, checkpoint, make):
     """The largest difference between `trained`'s tensors and those load_state_dict reads
-    from `checkpoint` into a fresh module (and optimizer)."""
-    back = make()
-    back_opt = optimizer_class(back.parameters(), lr=1.0)
+    from `checkpoint` into a fresh module and optimizer, make() -> (module, optimizer)."""
+    back, back_opt = make()
     assert meshrun.torch.load_state_dict(back, str(checkpoint), optimizer=back_opt) == STEPS
     if back_opt.state_dict()["state"] and "step" in back_opt.state_dict()["state"][0]:
         assert back_opt.state_dict()["state"][0]["step"] == STEPS
@@ -155,8 +155,7 @@ def test_gpt_on_two_hosts_trains_like_eager_torch(tmp_path, cluster):
     # which Adam scales to whole steps where a gradient is near zero: eager torch on the full
     # batch against eager torch on two halves already parts by 1.0e-6. Measured: 4.3e-6.
     _, trained, _ = tm.eager(model, optimizer, gpt.loss_fn, batches, capturable=True)
-    diff = weights_differ(trained, tmp_path / "ckpt", type(optimizer),
-                          make=lambda: gpt.make_model()[0])
+    diff = weights_differ(trained, tmp_path / "ckpt", gpt.make_model)
     assert diff <= 1e-5, diff
 
 
