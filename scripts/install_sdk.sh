@@ -28,6 +28,11 @@ sum="$(cd "$root" && find python/meshrun python/setup.py python/pyproject.toml p
   \( -name '*.py' -o -name '*.proto' -o -name '*.toml' \) -not -path '*/__pycache__/*' \
   | sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+  # One build of python/ at a time: sdk_python_test and torch_test (ctest -j) install it into
+  # .venv and .venv-torch from the same python/build directory.
+  exec 9>"${TMPDIR:-/tmp}/meshrun-install-sdk-$(echo "$root" | sha256sum | cut -c1-12).lock"
+  flock 9
+  [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ] || exit 0   # installed while this one waited
   echo "install_sdk: installing python/ (meshrun) into $(basename "$venv")"
   rm -rf "$root/python/build"
   "$py" -m pip install --quiet --disable-pip-version-check --no-input --no-build-isolation \
