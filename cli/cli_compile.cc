@@ -7,10 +7,13 @@
 #include <fstream>
 #include <map>
 
+#include <google/protobuf/struct.pb.h>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bundle/example_job.h"
+#include "cli/cli_common.h"
 #include "rpc/binary_setup.h"
 #include "runtime/compile_options.h"
 #include "runtime/compile_target.h"
@@ -69,13 +72,25 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     ExitWithError(absl::StrCat("cannot compile for ", target->name, " with ", plugin, ": ",
                                compiler.status().message()), 1);
   }
-  std::printf("target %s: topology %s, %d x %s (%s HBM, %.0f TFLOP/s bf16 each), %d host(s); "
+  const bool json = JsonOutput();
+  google::protobuf::Struct report;
+  auto& fields = *report.mutable_fields();
+  fields["target"].set_string_value(target->name);
+  fields["topology"].set_string_value(target->topology_name);
+  fields["devices"].set_number_value(target->devices());
+  fields["device_kind"].set_string_value(target->chip.device_kind);
+  fields["hbm_bytes_per_device"].set_number_value(static_cast<double>(target->chip.hbm_bytes));
+  fields["peak_bf16_flops_per_device"].set_number_value(target->chip.peak_bf16_flops);
+  fields["compiler"].set_string_value(runtime::ToString((*compiler)->identity()));
+  fields["job_devices"].set_number_value(devices);
+  google::protobuf::ListValue& programs = *fields["programs"].mutable_list_value();
+  if (!json) std::printf("target %s: topology %s, %d x %s (%s HBM, %.0f TFLOP/s bf16 each), %d host(s); "
               "compiler %s\n",
               target->name.c_str(), target->topology_name.c_str(), target->devices(),
               target->chip.device_kind.c_str(), runtime::FormatBytes(target->chip.hbm_bytes).c_str(),
               target->chip.peak_bf16_flops / 1e12, target->hosts(),
               runtime::ToString((*compiler)->identity()).c_str());
-  if (devices < target->devices()) {
+  if (devices < target->devices() && !json) {
     std::printf("note: the job's mesh uses %d of the target's %d devices\n", devices,
                 target->devices());
   }
@@ -109,7 +124,7 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     std::filesystem::create_directories(hlo_out);
     std::ofstream(hlo_out + "/compile_options.pb", std::ios::binary) << *options;
   }
-  std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %9s\n", "program", "per device",
+  if (!json) std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %9s\n", "program", "per device",
               "arguments", "outputs", "temporaries", "code", "FLOPs/device", "executable",
               "compile");
   int exit_code = 0;
@@ -129,7 +144,19 @@ int RunCompileCommand(const std::vector<std::string>& args) {
     }
     const runtime::ExecutableStats& stats = compiled->stats;
     const runtime::CompiledMemory memory = stats.memory.value_or(runtime::CompiledMemory{});
-    std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %8.2fs\n", row.role.c_str(),
+    auto& program = *programs.add_values()->mutable_struct_value()->mutable_fields();
+    program["program"].set_string_value(row.role);
+    for (const auto& [name, bytes] : std::map<std::string, int64_t>{
+             {"device_bytes", memory.DeviceBytes()}, {"argument_bytes", memory.argument_bytes},
+             {"output_bytes", memory.output_bytes}, {"alias_bytes", memory.alias_bytes},
+             {"temp_bytes", memory.temp_bytes}, {"code_bytes", memory.generated_code_bytes},
+             {"executable_bytes", static_cast<int64_t>(compiled->serialized.size())}}) {
+      program[name].set_number_value(static_cast<double>(bytes));
+    }
+    if (stats.flops) program["flops_per_device"].set_number_value(*stats.flops);
+    program["compile_seconds"].set_number_value(absl::ToDoubleSeconds(compiled->compile_time));
+    if (!stats.unreported.empty()) program["unreported"].set_string_value(stats.unreported);
+    if (!json) std::printf("%-6s %12s %12s %12s %12s %10s %14s %12s %8.2fs\n", row.role.c_str(),
                 runtime::FormatBytes(memory.DeviceBytes()).c_str(),
                 runtime::FormatBytes(memory.argument_bytes).c_str(),
                 runtime::FormatBytes(memory.output_bytes).c_str(),
@@ -138,7 +165,7 @@ int RunCompileCommand(const std::vector<std::string>& args) {
                 stats.flops ? absl::StrFormat("%.4g", *stats.flops).c_str() : "-",
                 runtime::FormatBytes(static_cast<int64_t>(compiled->serialized.size())).c_str(),
                 absl::ToDoubleSeconds(compiled->compile_time));
-    if (!stats.unreported.empty()) std::printf("       not reported: %s\n", stats.unreported.c_str());
+    if (!stats.unreported.empty() && !json) std::printf("       not reported: %s\n", stats.unreported.c_str());
     if (stats.memory) {
       if (absl::Status fits = runtime::CheckFits(row.role, *stats.memory, target->chip);
           !fits.ok()) {
@@ -153,8 +180,14 @@ int RunCompileCommand(const std::vector<std::string>& args) {
   }
   for (const std::string& refusal : refusals) {
     std::fprintf(stderr, "meshrun: does not fit %s: %s\n", target->name.c_str(), refusal.c_str());
+    fields["refusals"].mutable_list_value()->add_values()->set_string_value(refusal);
   }
-  if (exit_code == 0) std::printf("fits %s\n", target->name.c_str());
+  fields["fits"].set_bool_value(exit_code == 0);
+  if (json) {
+    PrintJson(report);
+  } else if (exit_code == 0) {
+    std::printf("fits %s\n", target->name.c_str());
+  }
   return exit_code;
 }
 

@@ -12,8 +12,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-# The demo needs no torch: set-up skips its 4 GB (scripts/install_torch.sh) unless asked.
-MESHRUN_SKIP_TORCH="${MESHRUN_SKIP_TORCH:-1}" bash scripts/setup.sh
+# The demo needs neither torch nor libtpu: set-up skips their 4.5 GB unless asked.
+MESHRUN_SKIP_TORCH="${MESHRUN_SKIP_TORCH:-1}" MESHRUN_SKIP_LIBTPU="${MESHRUN_SKIP_LIBTPU:-1}" \
+  bash scripts/setup.sh
 bash scripts/build.sh build
 bin="$root/build/bin"
 run="$(mktemp -d)"

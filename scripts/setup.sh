@@ -4,7 +4,8 @@
 # header, XLA's CPU plugin and the project's Python environment (scripts/fetch_pjrt.sh), the
 # main job's token shards from the fortunes package's text (.data/fortunes, docs/data.md), and
 # the web dashboard's pinned npm packages (npm ci in web/, from web/package-lock.json), and
-# torch + torchax for meshrun.torch in .venv-torch (scripts/install_torch.sh).
+# torch + torchax for meshrun.torch in .venv-torch (scripts/install_torch.sh), and libtpu to
+# compile for TPU topologies on any host (scripts/fetch_libtpu.sh; MESHRUN_SKIP_LIBTPU=1 skips).
 # A second run installs nothing, downloads nothing and rewrites no shard.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,8 +44,11 @@ else
 fi
 
 PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
-# libtpu, to compile for TPU topologies on this host (meshrun compile, the tpu tests).
-PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_libtpu.sh"
+# libtpu, to compile for TPU topologies on this host (meshrun compile, the tpu tests): about
+# 400 MB downloaded once into ~/.cache/meshrun. The demo skips it.
+if [ "${MESHRUN_SKIP_LIBTPU:-0}" != 1 ]; then
+  PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_libtpu.sh"
+fi
 "$root/.venv/bin/python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
 
 # The dashboard's npm packages (uPlot, esbuild, playwright-core), reinstalled only when

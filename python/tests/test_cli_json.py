@@ -3,6 +3,7 @@ prints JSON objects, one a line, on stdout (export: JSON lines, its jsonl format
 with exit 2 naming the fix. The command list comes from the CLI itself, so a new command
 without a case here fails."""
 import json
+import os
 import re
 import time
 
@@ -73,6 +74,18 @@ def test_every_command_prints_json(tmp_path, cluster):
     check("checkpoint", js("checkpoint", running), lambda o: len(o) == 1 and
           o[0]["checkpoint_requested"] == running and o[0]["step"].isdigit())
     check("cancel", js("cancel", running), lambda o: o == [{"cancelled": running}])
+
+    # compile: for a v6e slice through libtpu, no cluster (skipped where set-up fetched none).
+    libtpu = os.path.join(os.path.dirname(_bin("meshrun")), "..", "..", ".deps", "libtpu",
+                          "0.0.30", "libtpu.so")
+    if os.path.exists(libtpu):
+        check("compile", js("compile", str(bundle), "--target=v6e-8",
+                            f"--compiler_plugin={libtpu}"),
+              lambda o: o[0]["fits"] and o[0]["devices"] == 8 and
+              [p["program"] for p in o[0]["programs"]] == ["init", "step"] and
+              all(p["device_bytes"] > 0 and p["flops_per_device"] > 0 for p in o[0]["programs"]))
+    else:
+        checked["compile"] = True
 
     ca = tmp_path / "ca"
     check("certs", js("certs", "init", f"--dir={ca}", "--cluster=test"),
