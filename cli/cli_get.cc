@@ -121,6 +121,17 @@ std::string JobSummaryText(const v1::JobManifest& job) {
     }
     Line(out, "compile", compile);
   }
+  if (job.step_flops_per_device() > 0 || job.device_bytes() > 0) {
+    std::string fit = job.compile_target().empty() ? "" : absl::StrCat("for ", job.compile_target(), ": ");
+    if (job.device_bytes() > 0) {
+      absl::StrAppend(&fit, Bytes(static_cast<double>(job.device_bytes())), " per device");
+    }
+    if (job.step_flops_per_device() > 0) {
+      absl::StrAppendFormat(&fit, "%s%.4g FLOPs per step per device", job.device_bytes() > 0 ? ", " : "",
+                            job.step_flops_per_device());
+    }
+    Line(out, "compiler", fit);
+  }
   Line(out, "data", Data(job));
   if (job.goodput().wall_seconds() > 0) {
     Line(out, "goodput", absl::StrFormat("%.1f%% of %.1f s", 100 * job.goodput().ratio(),

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_table.h"
 #include "coordinator/worker_registry.h"
+#include "runtime/compile_target.h"
 
 namespace meshrun::services {
 
@@ -149,6 +150,14 @@ absl::Status CoordinatorTelemetry::StartCombining(const v1::JobManifest& job,
     setup.hosts.push_back({.host = host, .replica_count = per_host});
   }
   setup.declarations = {job.spec().telemetry().begin(), job.spec().telemetry().end()};
+  setup.step_flops_per_device = job.step_flops_per_device();
+  if (!job.compile_target().empty()) {
+    if (absl::StatusOr<runtime::CompileTarget> target =
+            runtime::ParseCompileTarget(job.compile_target());
+        target.ok()) {
+      setup.peak_flops_per_device = target->chip.peak_bf16_flops;
+    }
+  }
   return combiner_->StartJob(std::move(setup));
 }
 

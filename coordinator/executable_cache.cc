@@ -66,7 +66,7 @@ void SyncDirectory(const std::string& directory) {
 
 std::string CacheKey(absl::string_view program, absl::string_view compile_options,
                      absl::Span<const int32_t> device_assignment,
-                     const runtime::RuntimeIdentity& runtime) {
+                     const runtime::RuntimeIdentity& runtime, absl::string_view target) {
   Sha256 hasher;
   AppendBytes(hasher, kKeyTag);
   AppendBytes(hasher, program);
@@ -78,6 +78,7 @@ std::string CacheKey(absl::string_view program, absl::string_view compile_option
   AppendU32(hasher, runtime.pjrt_api_major);
   AppendU32(hasher, runtime.pjrt_api_minor);
   AppendBytes(hasher, runtime.plugin_sha256);
+  if (!target.empty()) AppendBytes(hasher, target);
   return hasher.HexDigest();
 }
 

@@ -45,12 +45,15 @@
 
 namespace meshrun::coordinator {
 
-// Lowercase hex sha256 over the length-prefixed encoding of the four inputs (a domain tag,
-// then each byte string as u64-LE length + bytes, the device ids as u64-LE count + i64-LE
-// each, the identity's strings length-prefixed and its API versions as u32-LE).
+// Lowercase hex sha256 over the length-prefixed encoding of the inputs (a domain tag, then
+// each byte string as u64-LE length + bytes, the device ids as u64-LE count + i64-LE each, the
+// identity's strings length-prefixed and its API versions as u32-LE, then the compile target
+// when one is given). `target` names the TPU slice an executable was compiled for without
+// being on it ("v6e-8", runtime/compile_target.h); empty when compiled by the hosts' own
+// runtime, and then the key is what it was before targets existed.
 std::string CacheKey(absl::string_view program, absl::string_view compile_options,
                      absl::Span<const int32_t> device_assignment,
-                     const runtime::RuntimeIdentity& runtime);
+                     const runtime::RuntimeIdentity& runtime, absl::string_view target = "");
 
 // A verified entry, open for reading. Cheap to copy (shares one descriptor).
 class CachedExecutable {

@@ -33,6 +33,10 @@ ABSL_FLAG(std::string, web_root, "",
           "folder of the dashboard's built assets; default: web/ next to the binary's folder "
           "(build/web in a checkout), else share/meshrun/web there (an install)");
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: devices of the compiling client");
+ABSL_FLAG(std::string, tpu_compiler_plugin, "",
+          "libtpu.so to compile TPU jobs with, for the slice their workers form, on this host "
+          "(no TPU needed); used when it is the workers' own libtpu (same sha256); empty: TPU "
+          "jobs compile on their first worker");
 ABSL_FLAG(absl::Duration, restart_wait, absl::Seconds(60),
           "automatic recovery: how long a job restarting from its checkpoint waits for enough "
           "healthy hosts (the same host back, or a spare) before it fails");
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
        .heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout),
        .pjrt_plugin = absl::GetFlag(FLAGS_pjrt_plugin),
        .cpu_devices = absl::GetFlag(FLAGS_cpu_devices),
+       .tpu_compiler_plugin = absl::GetFlag(FLAGS_tpu_compiler_plugin),
        .http_listen = absl::GetFlag(FLAGS_http_listen),
        .web_root = web_root,
        .restart_wait = absl::GetFlag(FLAGS_restart_wait),

@@ -440,11 +440,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                        {.hang_timeout = config.hang_timeout, .clock = config.clock}));
   server->restored_check_at_ = config.clock->Now() + 2 * config.heartbeat_timeout;
   ASSIGN_OR_RETURN(server->admission_, SubmitAdmission::Create(config.limits, config.state_dir));
+  if (!config.tpu_compiler_plugin.empty()) {
+    server->target_compilers_ = std::make_unique<TargetCompilers>(config.tpu_compiler_plugin);
+  }
   server->launcher_ = std::make_unique<JobLauncher>(
       JobLauncher::Config{.registry = server->registry_.get(),
                           .jobs = server->jobs_.get(),
                           .cache = server->cache_.get(),
                           .runtime = server->runtime_.get(),
+                          .target_compilers = server->target_compilers_.get(),
                           .telemetry = server->telemetry_.get(),
                           .progress = server->progress_.get(),
                           .restart_wait = config.restart_wait,

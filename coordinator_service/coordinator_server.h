@@ -45,6 +45,9 @@ class CoordinatorServer {
     // at ASSIGNED saying so.
     std::string pjrt_plugin;
     int64_t cpu_devices = 8;  // CPU plugin only: devices of the compiling client
+    // libtpu to compile TPU jobs with for the slice their workers form (target_compilers.h);
+    // empty: TPU jobs compile on their first worker.
+    std::string tpu_compiler_plugin;
     uint64_t cache_max_bytes = uint64_t{16} << 30;
     absl::Duration telemetry_grace = absl::Seconds(5);  // wait for hosts before "partial"
     // HTTP (Prometheus /metrics, the web dashboard and its JSON/SSE API); empty: no HTTP port.
@@ -94,6 +97,7 @@ class CoordinatorServer {
   std::unique_ptr<coordinator::JobTable> jobs_;
   std::unique_ptr<coordinator::ExecutableCache> cache_;
   std::unique_ptr<runtime::Runtime> runtime_;
+  std::unique_ptr<TargetCompilers> target_compilers_;  // null without --tpu_compiler_plugin
   std::unique_ptr<CoordinatorTelemetry> telemetry_;
   std::unique_ptr<coordinator::ProgressMonitor> progress_;  // outlives launcher_
   std::unique_ptr<SubmitAdmission> admission_;  // outlives launcher_ and handler_

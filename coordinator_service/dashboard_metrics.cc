@@ -300,6 +300,13 @@ absl::Status AddSummary(const std::string& job, const v1::GlobalSummary& summary
   RETURN_IF_ERROR(out.Add("meshrun_telemetry_step_time_seconds", {{"job_id", job}},
                           summary.step_time_seconds()));
   RETURN_IF_ERROR(out.Add("meshrun_telemetry_partial", {{"job_id", job}}, summary.partial()));
+  if (summary.tflops_per_device() > 0) {
+    RETURN_IF_ERROR(out.Add("meshrun_telemetry_tflops_per_device", {{"job_id", job}},
+                            summary.tflops_per_device()));
+  }
+  if (summary.mfu() > 0) {
+    RETURN_IF_ERROR(out.Add("meshrun_telemetry_mfu", {{"job_id", job}}, summary.mfu()));
+  }
   for (const v1::TelemetryValue& value : summary.values()) {
     RETURN_IF_ERROR(AddSeries(job, value, max_elements, out));
   }
@@ -316,6 +323,12 @@ absl::Status AddLatestTelemetry(telemetry::HistoryStore& history, int max_elemen
              "Step time of the latest global summary (max over hosts)."},
             {"meshrun_telemetry_partial", MetricType::kGauge,
              "1 when the latest global summary missed some hosts."},
+            {"meshrun_telemetry_tflops_per_device", MetricType::kGauge,
+             "Achieved TFLOP/s per device at the latest summary (compiler FLOPs over step "
+             "time); absent when the FLOPs are not known."},
+            {"meshrun_telemetry_mfu", MetricType::kGauge,
+             "Model FLOPs utilisation at the latest summary: achieved over the chip's bf16 "
+             "peak; TPU compile targets only."},
             {"meshrun_telemetry_value", MetricType::kGauge,
              "Latest global value of each series element (row-major index)."},
             {"meshrun_telemetry_value_stat", MetricType::kGauge,

@@ -1,8 +1,10 @@
 // Drives each submitted job through its life on the coordinator:
 //   PENDING:   pick the eligible workers (runtime pin), plan the SPMD mesh;
 //   ASSIGNED:  compile every program once per cache key, or take it from the persistent
-//              executable cache; with the coordinator's own runtime when it is the job's, else
-//              on the job's first worker, which streams the executable back (and keeps it);
+//              executable cache; with the coordinator's own runtime when it is the job's, for
+//              the TPU slice the hosts form when its libtpu is theirs (target_compilers.h;
+//              a program that cannot fit a chip fails the job, naming its bytes), else on
+//              the job's first worker, which streams the executable back (and keeps it);
 //   LOADING:   stream each executable in 1 MiB chunks to every worker of the job that does not
 //              already hold it (all workers at once), then start the job on each worker;
 //   RUNNING:   workers report progress; every worker SUCCEEDED -> SUCCEEDED; any failure, a
@@ -41,6 +43,7 @@
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "coordinator/coordinator_telemetry.h"
+#include "coordinator_service/target_compilers.h"
 #include "runtime/runtime.h"
 
 namespace meshrun::services {
@@ -52,6 +55,8 @@ class JobLauncher {
     coordinator::JobTable* jobs = nullptr;
     coordinator::ExecutableCache* cache = nullptr;
     runtime::Runtime* runtime = nullptr;  // compiles; null: this coordinator cannot compile
+    // Compiles TPU jobs for the slice their hosts form (--tpu_compiler_plugin); may be null.
+    TargetCompilers* target_compilers = nullptr;
     CoordinatorTelemetry* telemetry = nullptr;  // collects the jobs' summaries; may be null
     coordinator::ProgressMonitor* progress = nullptr;  // hang detection; may be null
     absl::Duration rpc_timeout = absl::Seconds(60);
@@ -157,6 +162,12 @@ class JobLauncher {
       const std::set<std::string>& held);
   // Compiles `program` on `host` and receives the serialized executable, verified.
   // Errors: the worker's; DATA_LOSS (truncated or corrupt transfer).
+  // The compiler's statistics of the executable under cache `key`: stats[role], when this
+  // compile made them, is remembered; a cache hit gets what an earlier compile of this
+  // coordinator remembered (none after a restart). At most kRememberedStats keys are kept.
+  void RememberStats(const std::string& key, const std::string& role,
+                     std::map<std::string, runtime::ExecutableStats>& stats);
+  static constexpr size_t kRememberedStats = 4096;
   absl::StatusOr<std::string> CompileOnWorker(const coordinator::WorkerInfo& host,
                                               const v1::Program& program,
                                               const std::string& compile_options);
@@ -202,6 +213,8 @@ class JobLauncher {
       ABSL_GUARDED_BY(mu_);
   // Preempted jobs: the run (attempts' size) and the host whose SIGTERM stopped it.
   std::map<std::string, std::pair<int, std::string>> preempted_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex stats_mu_;
+  std::map<std::string, runtime::ExecutableStats> stats_by_key_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace meshrun::services

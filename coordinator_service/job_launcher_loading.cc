@@ -11,6 +11,7 @@
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
 #include "runtime/compile_options.h"
+#include "runtime/compile_target.h"
 
 namespace meshrun::services {
 using coordinator::WorkerInfo;
@@ -35,6 +36,20 @@ absl::StatusOr<JobLauncher::CompiledPrograms> JobLauncher::CompilePrograms(
   const coordinator::MeshPlan& plan = assigned.plan;
   const bool compile_here = config_.runtime != nullptr && config_.runtime->identity() == plan.runtime;
   const WorkerInfo& compiler = assigned.hosts.front();
+  // A TPU job this coordinator cannot run itself: compiled here for its slice when it can be.
+  std::shared_ptr<runtime::TargetCompiler> for_target;
+  if (!compile_here && config_.target_compilers != nullptr && plan.runtime.platform_name == "tpu") {
+    absl::StatusOr<std::shared_ptr<runtime::TargetCompiler>> target =
+        config_.target_compilers->ForHosts(assigned.hosts, plan.num_slices);
+    if (target.ok()) {
+      for_target = *target;
+    } else {
+      spdlog::info("job {}: compiling on worker {}: {}", job_id, compiler.host,
+                   std::string(target.status().message()));
+    }
+  }
+  const std::string target_name = for_target != nullptr ? for_target->target().name : "";
+  std::map<std::string, runtime::ExecutableStats> stats;  // by role, when compiled here
   std::vector<int64_t> device_ids(plan.device_ids.begin(), plan.device_ids.end());
   ASSIGN_OR_RETURN(std::string options,
                    runtime::BuildCompileOptions(runtime::SpmdCompileOptions(device_ids)));
@@ -51,11 +66,23 @@ absl::StatusOr<JobLauncher::CompiledPrograms> JobLauncher::CompilePrograms(
         program.compile_options().empty() ? options : program.compile_options();
     ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
     const std::string key = coordinator::CacheKey(program.stablehlo(), program_options,
-                                                  plan.device_ids, plan.runtime);
+                                                  plan.device_ids, plan.runtime, target_name);
     bool on_worker = false;
     ASSIGN_OR_RETURN(
         auto result,
         config_.cache->GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
+          if (for_target != nullptr) {
+            ASSIGN_OR_RETURN(runtime::TargetExecutable executable,
+                             for_target->Compile({.code = program.stablehlo(),
+                                                  .format = "mlir",
+                                                  .compile_options = program_options}));
+            if (executable.stats.memory) {
+              RETURN_IF_ERROR(runtime::CheckFits(program.role(), *executable.stats.memory,
+                                                 for_target->target().chip));
+            }
+            stats[program.role()] = std::move(executable.stats);
+            return std::move(executable.serialized);
+          }
           if (!compile_here) {
             on_worker = true;
             return CompileOnWorker(compiler, program, program_options);
@@ -65,12 +92,19 @@ absl::StatusOr<JobLauncher::CompiledPrograms> JobLauncher::CompilePrograms(
                                                      .format = "mlir",
                                                      .compile_options = program_options,
                                                      .signature = signature}));
+          if (absl::StatusOr<runtime::ExecutableStats> s = config_.runtime->Stats(*executable);
+              s.ok()) {
+            stats[program.role()] = *std::move(s);
+          }
           return config_.runtime->Serialize(*executable);
         }));
     if (result.outcome != coordinator::ExecutableCache::Outcome::kHit) {
-      compiled_on = on_worker ? compiler.host : "coordinator";
+      compiled_on = on_worker            ? compiler.host
+                    : for_target != nullptr ? absl::StrCat("coordinator for ", target_name)
+                                            : "coordinator";
     }
     if (on_worker) compiled.compiled_by_worker.insert(result.executable.sha256());
+    RememberStats(key, program.role(), stats);
     all_hits = all_hits && result.outcome == coordinator::ExecutableCache::Outcome::kHit;
     compile_time += result.compile_time;
     fingerprints[program.role()] = result.executable.sha256();
@@ -79,7 +113,18 @@ absl::StatusOr<JobLauncher::CompiledPrograms> JobLauncher::CompilePrograms(
                  coordinator::ExecutableCache::OutcomeName(result.outcome),
                  result.executable.size(), absl::FormatDuration(result.compile_time));
   }
+  // FLOPs of one training step per device: mode B runs grad grad_accumulation times, then apply.
+  double step_flops = 0;
+  int64_t device_bytes = 0;
+  for (const auto& [role, s] : stats) {
+    const int repeats = role == "grad" ? std::max(spec.grad_accumulation(), 1) : 1;
+    if (s.flops && role != "init") step_flops += *s.flops * repeats;
+    if (s.memory) device_bytes = std::max(device_bytes, s.memory->DeviceBytes());
+  }
   RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
+    m.set_compile_target(target_name);
+    if (step_flops > 0) m.set_step_flops_per_device(step_flops);
+    if (device_bytes > 0) m.set_device_bytes(device_bytes);
     m.set_cache_hit(all_hits);
     m.set_compile_seconds(absl::ToDoubleSeconds(compile_time));
     m.set_compiled_on(compiled_on);
@@ -139,6 +184,17 @@ absl::StatusOr<int64_t> JobLauncher::Distribute(
     config_.registry->AddExecutable(host.host, host.incarnation, fingerprint).IgnoreError();
   }
   return bytes_sent;
+}
+
+void JobLauncher::RememberStats(const std::string& key, const std::string& role,
+                                std::map<std::string, runtime::ExecutableStats>& stats) {
+  absl::MutexLock lock(&stats_mu_);
+  if (auto made = stats.find(role); made != stats.end()) {
+    if (stats_by_key_.size() >= kRememberedStats) stats_by_key_.erase(stats_by_key_.begin());
+    stats_by_key_[key] = made->second;
+  } else if (auto known = stats_by_key_.find(key); known != stats_by_key_.end()) {
+    stats[role] = known->second;
+  }
 }
 
 absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,

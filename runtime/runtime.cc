@@ -19,6 +19,11 @@ absl::StatusOr<std::unique_ptr<Executable>> Runtime::DeserializeAndLoad(
       absl::StrCat(identity().platform_name, " runtime cannot load serialized executables"));
 }
 
+absl::StatusOr<ExecutableStats> Runtime::Stats(const Executable&) {
+  return absl::UnimplementedError(
+      absl::StrCat(identity().platform_name, " runtime reports no executable statistics"));
+}
+
 namespace {
 
 class CompletedExecution final : public ExecutionEvent {

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "runtime/compile_target.h"
 #include "runtime/identity.h"
 #include "runtime/kv_client.h"
 #include "runtime/types.h"
@@ -180,6 +181,11 @@ class Runtime {
   virtual absl::StatusOr<LaunchedExecution> Launch(
       const Executable& executable, absl::Span<const std::vector<DeviceBuffer*>> args,
       const ExecuteOptions& options);
+
+  // What the compiler knows of `executable`: memory per device, FLOPs per execution,
+  // fingerprint (compile_target.h; figures the backend does not report are absent).
+  // Errors: UNIMPLEMENTED (the backend reports none), INVALID_ARGUMENT (not this runtime's).
+  virtual absl::StatusOr<ExecutableStats> Stats(const Executable& executable);
 
   // Errors: NOT_FOUND (no addressable device of that runtime name, the names listed).
   // A backend that does not report memory answers OK with every quantity absent.

@@ -62,6 +62,8 @@ absl::Status StepCombiner::StartJob(JobSetup setup) {
   job.hosts = setup.hosts;
   job.last_reported.assign(setup.hosts.size(), setup.emitted_through_step);
   job.emitted_through = setup.emitted_through_step;
+  job.step_flops_per_device = setup.step_flops_per_device;
+  job.peak_flops_per_device = setup.peak_flops_per_device;
   for (size_t i = 0; i < setup.hosts.size(); ++i) {
     const Host& host = setup.hosts[i];
     if (host.host.empty()) return absl::InvalidArgumentError(absl::StrCat("hosts[", i, "] is empty"));
@@ -311,6 +313,11 @@ void StepCombiner::EmitLocked(const std::string& job_id, Job& job, int64_t step,
     synthetic = synthetic || summary.synthetic_data();
   }
   global.set_step_time_seconds(step_time);
+  if (step_time > 0 && job.step_flops_per_device > 0) {
+    const double flops_per_second = job.step_flops_per_device / step_time;
+    global.set_tflops_per_device(flops_per_second / 1e12);
+    if (job.peak_flops_per_device > 0) global.set_mfu(flops_per_second / job.peak_flops_per_device);
+  }
   global.set_data_wait_seconds(data_wait);
   global.set_wall_time_unix_micros(wall_time);
   global.set_synthetic_data(synthetic);

@@ -85,6 +85,10 @@ class StepCombiner {
     std::vector<v1::TelemetryDeclaration> declarations;
     // Steps <= this count as already emitted (restart from history); 0 for a new job.
     int64_t emitted_through_step = 0;
+    // The compiler's FLOPs of one step per device and the chip's peak FLOP/s (0: unknown):
+    // each summary then carries tflops_per_device and, with a peak, mfu.
+    double step_flops_per_device = 0;
+    double peak_flops_per_device = 0;
   };
 
   enum class AddOutcome {
@@ -155,6 +159,8 @@ class StepCombiner {
     std::vector<Series> series;
     std::map<std::string, int> series_index;
     int64_t emitted_through = 0;
+    double step_flops_per_device = 0;
+    double peak_flops_per_device = 0;
     std::vector<int64_t> last_reported;      // by host index: highest step it sent
     std::map<int64_t, PendingStep> pending;  // by step
   };

@@ -9,3 +9,8 @@ class BundleError(ValueError):
 class TorchExportError(ValueError):
     """What meshrun.torch cannot export or load (docs/torch.md lists each); the message names
     the parameter, rule or construct at fault and the fix."""
+
+
+class DoesNotFitError(ValueError):
+    """A program of a bundle does not fit one chip of the compile target (meshrun.tpu); the
+    message names the program, the bytes it needs per device and the bytes a chip has."""

@@ -110,9 +110,12 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
            reference_steps=0, grad=None, apply=None, init_accumulator=None,
            accumulator_shardings=None, grad_accumulation=1, captions=None, series_order=None,
            extra_inputs=None, host_replicas=1, sparse_attention=None,
-           reference_series=("loss",), compile_options_jax=None, keep_unused=False):
+           reference_series=("loss",), compile_options_jax=None, keep_unused=False, target=None):
     """Writes the bundle; returns {"job": path to job.json, "reference_loss": [...],
-    "reference": the reference.json contents or None}.
+    "reference": the reference.json contents or None, "target": meshrun.tpu.check_fit's report
+    or None}. With `target` ("v6e-8", "2xv6e-16", ...) each program is compiled for that TPU
+    slice through libtpu (no TPU needed) and DoesNotFitError is raised, the bundle kept, when
+    one does not fit a chip.
 
     Compile mode A: `step(state, batch) -> (state, metrics)`.
     Compile mode B (instead of `step`): `grad(state, acc, batch) -> acc` runs on each of
@@ -254,8 +257,12 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         job["sparse_attention"] = dict(sparse_attention)
     path = os.path.join(out_dir, "job.json")
     _write_json(path, job)
+    fit = None
+    if target is not None:
+        from meshrun.tpu import check_fit  # imports JAX's TPU topology support only when asked
+        fit = check_fit(out_dir, target)
     return {"job": path, "reference_loss": reference["loss"] if reference else [],
-            "reference": reference}
+            "reference": reference, "target": fit}
 
 
 def _compile_mode_b(step, grad, apply, init_accumulator, accumulator_shardings,

@@ -49,7 +49,9 @@ def test_every_command_prints_json(tmp_path, cluster):
     finished = check("submit", js("submit", str(bundle), "--steps=3", "--cadence=1", "--follow",
                                   "--wait=120s"),
                      lambda o: o[0]["state"] == "JOB_STATE_SUCCEEDED")[0]["job_id"]
-    check("get", js("get", finished), lambda o: o[0]["job_id"] == finished)
+    # The coordinator compiled it (CPU plugin): the cost analysis' FLOPs per step are known.
+    check("get", js("get", finished), lambda o: o[0]["job_id"] == finished and
+          float(o[0]["step_flops_per_device"]) > 0 and int(o[0]["device_bytes"]) > 0)
     check("list", js("list"), lambda o: finished in [j["job_id"] for j in o[0]["jobs"]])
     check("metrics", js("metrics"), lambda o: "worker-0" in [h["host"] for h in o[0]["hosts"]])
     check("memory", js("memory", "worker-0"), lambda o: len(o[0]["devices"]) >= 1)
@@ -59,7 +61,8 @@ def test_every_command_prints_json(tmp_path, cluster):
         time.sleep(0.2)
     check("export", js("export", finished),
           lambda o: [s["step"] for s in o] == [1, 2, 3] and "metrics.loss" in o[0]["values"])
-    check("watch", js("watch", finished), lambda o: [int(s["step"]) for s in o] == [1, 2, 3])
+    check("watch", js("watch", finished), lambda o: [int(s["step"]) for s in o] == [1, 2, 3]
+          and all(s["tflops_per_device"] > 0 and "mfu" not in s for s in o))
     conflict = js("export", finished, "--format=csv")
     assert conflict.returncode == 2 and "--format=jsonl" in conflict.stderr, conflict
 

@@ -14,6 +14,7 @@
 #include "runtime/hlo_signature.h"
 #include "runtime/pjrt/pjrt_api.h"
 #include "runtime/pjrt/pjrt_objects.h"
+#include "runtime/pjrt/pjrt_target_compiler.h"
 #include "xla/pjrt/c/pjrt_c_api.h"
 
 namespace meshrun::runtime {
@@ -202,6 +203,19 @@ absl::StatusOr<std::string> PjrtRuntime::Serialize(const Executable& executable)
     return absl::OkStatus();
   }));
   return out;
+}
+
+absl::StatusOr<ExecutableStats> PjrtRuntime::Stats(const Executable& executable) {
+  const auto* exe = dynamic_cast<const PjrtExecutable*>(&executable);
+  if (exe == nullptr || exe->state() != state_.get()) {
+    return absl::InvalidArgumentError("executable was not made by this runtime");
+  }
+  ExecutableStats stats;
+  RETURN_IF_ERROR(WithExecutable(state_->api, exe->handle(), [&](PJRT_Executable* handle) {
+    stats = pjrt::ReadExecutableStats(state_->api, handle);
+    return absl::OkStatus();
+  }));
+  return stats;
 }
 
 absl::StatusOr<std::unique_ptr<Executable>> PjrtRuntime::DeserializeAndLoad(

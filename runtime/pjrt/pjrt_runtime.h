@@ -46,6 +46,7 @@ class PjrtRuntime final : public Runtime {
   absl::StatusOr<LaunchedExecution> Launch(const Executable& executable,
                                            absl::Span<const std::vector<DeviceBuffer*>> args,
                                            const ExecuteOptions& options) override;
+  absl::StatusOr<ExecutableStats> Stats(const Executable& executable) override;
   absl::StatusOr<MemoryStats> GetMemoryStats(absl::string_view runtime_name) override;
   RuntimeCounters counters() const override;
 

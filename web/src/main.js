@@ -275,6 +275,17 @@ function openStream(jobId, sinceStep = 0) {
       if (chart) chart.add(step, (value.values || []).map(Number));
     }
     charts.get('step_time')?.add(step, [Number(summary.step_time_seconds)]);
+    // Achieved FLOP rate from the compiler's FLOPs per step (docs/pjrt.md); MFU on a TPU target.
+    if (summary.tflops_per_device) {
+      if (!charts.has('tflops')) {
+        charts.set('tflops', new LineChart('TFLOP/s per device', ['TFLOP/s'], 'TFLOP/s'));
+      }
+      charts.get('tflops').add(step, [Number(summary.tflops_per_device)]);
+    }
+    if (summary.mfu) {
+      if (!charts.has('mfu')) charts.set('mfu', new LineChart('MFU', ['MFU'], '%'));
+      charts.get('mfu').add(step, [100 * Number(summary.mfu)]);
+    }
     latestStep = Math.max(latestStep, step);
     scheduleDraw();
   });
