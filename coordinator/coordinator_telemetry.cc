@@ -84,6 +84,8 @@ v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
   *setup.mutable_mesh() = job.mesh();
   *setup.mutable_attempts() = job.attempts();  // which run's summaries are taken
   *setup.mutable_spec()->mutable_telemetry() = job.spec().telemetry();
+  setup.set_compile_target(job.compile_target());  // the rate and MFU in each summary
+  setup.set_step_flops_per_device(job.step_flops_per_device());
   return setup;
 }
 }  // namespace

@@ -211,6 +211,42 @@ TEST_F(StepCombinerTest, EmitsInStepOrder) {
   EXPECT_FALSE(emitted[3].partial());
 }
 
+TEST_F(StepCombinerTest, RateAndMfuFromTheCompilersFlopsOverTheSlowestHost) {
+  StepCombiner::JobSetup setup;
+  setup.job_id = "job-1";
+  setup.hosts = {{"a", 1}, {"b", 1}};
+  setup.declarations = {Decl("loss", v1::COMBINE_MEAN)};
+  setup.step_flops_per_device = 459e12;  // half a v6e chip's peak for one second
+  setup.peak_flops_per_device = 918e12;
+  ASSERT_TRUE(combiner_->StartJob(setup).ok());
+  ASSERT_TRUE(combiner_->Add(Summary("a", 1, {{"loss", {1}}}, /*step_time=*/0.5)).ok());
+  ASSERT_TRUE(combiner_->Add(Summary("b", 1, {{"loss", {1}}}, /*step_time=*/2.0)).ok());
+  std::vector<v1::GlobalSummary> emitted = Emitted();
+  ASSERT_EQ(emitted.size(), 1u);
+  EXPECT_DOUBLE_EQ(emitted[0].tflops_per_device(), 229.5);  // over b's 2 s, the step's time
+  EXPECT_DOUBLE_EQ(emitted[0].mfu(), 0.25);
+
+  // Without FLOPs (compiled on a worker) neither is claimed; without a peak (CPU), no MFU.
+  setup.job_id = "job-2";
+  setup.step_flops_per_device = 0;
+  ASSERT_TRUE(combiner_->StartJob(setup).ok());
+  setup.job_id = "job-3";
+  setup.step_flops_per_device = 1e12;
+  setup.peak_flops_per_device = 0;
+  ASSERT_TRUE(combiner_->StartJob(setup).ok());
+  for (const char* job : {"job-2", "job-3"}) {
+    for (const char* host : {"a", "b"}) {
+      ASSERT_TRUE(combiner_->Add(Summary(host, 1, {{"loss", {1}}}, 1.0, job)).ok());
+    }
+  }
+  emitted = Emitted();
+  ASSERT_EQ(emitted.size(), 3u);
+  EXPECT_EQ(emitted[1].tflops_per_device(), 0);
+  EXPECT_EQ(emitted[1].mfu(), 0);
+  EXPECT_DOUBLE_EQ(emitted[2].tflops_per_device(), 1.0);
+  EXPECT_EQ(emitted[2].mfu(), 0);
+}
+
 TEST_F(StepCombinerTest, DuplicatesAreIgnoredIdempotently) {
   StartSimpleJob();
   const auto a = Summary("a", 7, {{"loss", {1}}});
