@@ -271,6 +271,21 @@ absl::StatusOr<DeviceDescription> DescribeDevice(const PJRT_Api* api,
   return out;
 }
 
+std::optional<OptimizedProgram> GetOptimizedProgram(const PJRT_Api* api,
+                                                    PJRT_Executable* executable) {
+  if (!PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) return std::nullopt;
+  PJRT_ARGS(PJRT_Program, program);
+  PJRT_ARGS(PJRT_Executable_OptimizedProgram_Args, args);
+  args.executable = executable;
+  args.program = &program;
+  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return std::nullopt;
+  OptimizedProgram out{.code = std::string(program.code_size, '\0')};
+  program.code = out.code.data();
+  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return std::nullopt;
+  if (program.format != nullptr) out.format.assign(program.format, program.format_size);
+  return out;
+}
+
 PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args) {
   auto* kv = static_cast<KeyValueClient*>(args->user_arg);
   return ReturnValue(args, kv->Get(absl::string_view(args->key, args->key_size),

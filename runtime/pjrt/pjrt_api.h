@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -64,6 +65,16 @@ std::string NamedValueToString(const PJRT_NamedValue& value);  // "[1,2]" for an
 absl::StatusOr<DeviceDescription> DescribeDevice(const PJRT_Api* api,
                                                  PJRT_DeviceDescription* description,
                                                  const std::string& platform);
+
+// The optimized program of `executable` (PJRT_Executable_OptimizedProgram: its bytes and
+// format, e.g. a serialized HloModuleProtoWithConfig and "hlo"); std::nullopt when the plugin
+// cannot hand it back.
+struct OptimizedProgram {
+  std::string code;
+  std::string format;
+};
+std::optional<OptimizedProgram> GetOptimizedProgram(const PJRT_Api* api,
+                                                    PJRT_Executable* executable);
 
 // Client-create callbacks over the KeyValueClient given as their user_arg.
 PJRT_Error* KvGet(PJRT_KeyValueGetCallback_Args* args);

@@ -12,17 +12,10 @@ namespace {
 // is not checked here: Execute still checks every argument against the signature.
 absl::Status CheckCompiledInputs(const PJRT_Api* api, PJRT_Executable* exe,
                                  const ProgramSignature& signature) {
-  PJRT_ARGS(PJRT_Program, program);
-  PJRT_ARGS(PJRT_Executable_OptimizedProgram_Args, args);
-  args.executable = exe;
-  args.program = &program;
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
-  std::string code(program.code_size, '\0');
-  program.code = code.data();
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return absl::OkStatus();
-  absl::StatusOr<std::vector<ArrayShape>> parameters = EntryParameterShapes(
-      code, absl::string_view(program.format == nullptr ? "" : program.format,
-                              program.format_size));
+  std::optional<OptimizedProgram> program = GetOptimizedProgram(api, exe);
+  if (!program) return absl::OkStatus();
+  absl::StatusOr<std::vector<ArrayShape>> parameters =
+      EntryParameterShapes(program->code, program->format);
   if (!parameters.ok()) return absl::OkStatus();
   return CheckDeclaredInputs(*parameters, signature);
 }

@@ -22,19 +22,6 @@ void DestroyExecutable(const PJRT_Api* api, PJRT_Executable* executable) {
   PJRT_CALL(api, PJRT_Executable_Destroy, destroy).IgnoreError();
 }
 
-std::string OptimizedHlo(const PJRT_Api* api, PJRT_Executable* executable) {
-  if (!PJRT_HAS(api, PJRT_Executable_OptimizedProgram)) return "";
-  PJRT_ARGS(PJRT_Program, program);
-  PJRT_ARGS(PJRT_Executable_OptimizedProgram_Args, args);
-  args.executable = executable;
-  args.program = &program;
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return "";
-  std::string code(program.code_size, '\0');
-  program.code = code.data();
-  if (!PJRT_CALL(api, PJRT_Executable_OptimizedProgram, args).ok()) return "";
-  return code;
-}
-
 class PjrtTargetCompiler final : public TargetCompiler {
  public:
   PjrtTargetCompiler(const Plugin* plugin, CompileTarget target, PJRT_TopologyDescription* topology)
@@ -113,7 +100,10 @@ class PjrtTargetCompiler final : public TargetCompiler {
     TargetExecutable out;
     out.compile_time = RealClock().Now() - start;
     out.stats = pjrt::ReadExecutableStats(api_, executable);
-    out.optimized_hlo = OptimizedHlo(api_, executable);
+    if (std::optional<pjrt::OptimizedProgram> optimized =
+            pjrt::GetOptimizedProgram(api_, executable)) {
+      out.optimized_hlo = std::move(optimized->code);
+    }
     PJRT_ARGS(PJRT_Executable_Serialize_Args, serialize);
     serialize.executable = executable;
     status = PJRT_CALL(api_, PJRT_Executable_Serialize, serialize);
