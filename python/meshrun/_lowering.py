@@ -1,5 +1,7 @@
 """meshrun.export's building blocks: a jitted function as a StableHLO portable artifact, and the
 job file's array entries (name, dtype, global shape, sharding by role, per-device shape)."""
+import re
+
 import numpy as np
 
 from meshrun.data import DTYPE_NAMES
@@ -28,17 +30,45 @@ def portable_artifact(jitted, args, platforms=None):
     return xla_client._xla.mlir.serialize_portable_artifact(text, target, True), text
 
 
-def check_program(what, text, n_inputs, donated):
+def _main_signature(text):
+    return next(line for line in text.splitlines() if "func.func public @main" in line)
+
+
+def check_program(what, text, n_inputs, donated, dropped_message=None):
     """The worker feeds every input the job declares and reuses donated buffers: a program that
-    dropped an input or lost its donation would fail or copy at run time, so refuse it here."""
-    main = next(line for line in text.splitlines() if "func.func public @main" in line)
+    dropped an input or lost its donation would fail or copy at run time, so refuse it here.
+    dropped_message(): the RuntimeError's message for a program that dropped inputs (default:
+    the two counts)."""
+    main = _main_signature(text)
     if main.count("%arg") != n_inputs:
-        raise RuntimeError(f"{what}: the lowered program takes {main.count('%arg')} inputs, the "
-                           f"job declares {n_inputs}: the function does not read some input "
-                           "(export with keep_unused=True)")
+        raise RuntimeError(dropped_message() if dropped_message else
+                           f"{what}: the lowered program takes {main.count('%arg')} inputs, the "
+                           f"job declares {n_inputs}: the function does not read some input")
     if donated and "tf.aliasing_output" not in text:
         raise RuntimeError(f"{what}: the donated inputs alias no output (give the state the same "
                            "shapes, dtypes and shardings in and out)")
+
+
+_LOC = r'loc\((?:"((?:[^"\\]|\\.)*)"|#(loc\d+))'  # loc("name") or loc(#alias)
+
+
+def dropped_inputs(jitted, args, platforms=None):
+    """Indices, among the flattened `args`, of the inputs JAX left out of the lowered program
+    because the function never reads them (jit's keep_unused=False); None where JAX's debug
+    information does not say. For an error message only: it lowers again, keeping the argument
+    names (`loc("batch['mask']")`) that the exported text leaves out, and matches them against
+    the traced function's argument names (its jaxpr's debug_info)."""
+    traced = jitted.trace(*args)
+    names = getattr(getattr(traced.jaxpr.jaxpr, "debug_info", None), "arg_names", None)
+    text = traced.lower(lowering_platforms=tuple(platforms) if platforms else None).as_text(
+        debug_info=True)
+    aliases = dict(re.findall(r'^#(loc\d+) = loc\("((?:[^"\\]|\\.)*)"', text, re.M))
+    main = _main_signature(text)
+    kept = {name or aliases.get(alias) for name, alias in re.findall(r"%arg\d+: [^%]*?" + _LOC,
+                                                                    main)}
+    if not names or len(kept) != main.count("%arg") or not kept <= set(names):
+        return None
+    return [i for i, name in enumerate(names) if name not in kept]
 
 
 def _leaf_name(path):

@@ -21,7 +21,9 @@ import os
 
 import numpy as np
 
-from meshrun._lowering import check_program, entries, portable_artifact
+from meshrun._export_checks import (apply_metrics, checked_reference_series, dropped_message,
+                                    step_metrics)
+from meshrun._lowering import check_program, dropped_inputs, entries, portable_artifact
 from meshrun.data import write_arrays
 
 ROLES = ("data", "expert", "model")  # meshrun's mesh order (coordinator/mesh_planner.cc)
@@ -53,9 +55,13 @@ def resolve_axis_roles(axis_names, axis_roles=None):
     return out
 
 
-def _write_program(out_dir, file, jitted, args, platforms, n_inputs, donated):
+def _write_program(out_dir, file, jitted, args, platforms, inputs, donated, extras=()):
+    """Lowers `jitted` for `args` into out_dir/file; RuntimeError naming the `inputs` (job.json
+    entries) the program left out, or a lost donation."""
     code, text = portable_artifact(jitted, args, platforms)
-    check_program(file, text, n_inputs, donated)
+    names = [e["name"] for e in inputs]
+    check_program(file, text, len(names), donated, lambda: dropped_message(
+        file, names, dropped_inputs(jitted, args, platforms), extras))
     with open(os.path.join(out_dir, file), "wb") as f:
         f.write(code)
 
@@ -117,7 +123,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     slice through libtpu (no TPU needed) and DoesNotFitError is raised, the bundle kept, when
     one does not fit a chip.
 
-    Compile mode A: `step(state, batch) -> (state, metrics)`.
+    Compile mode A: `step(state, batch) -> (state, metrics)`, the state it returns with the
+    init's leaves, dtypes and shapes (the next step takes it in place; a step or apply that
+    changes one is refused here, naming the leaf).
     Compile mode B (instead of `step`): `grad(state, acc, batch) -> acc` runs on each of
     `grad_accumulation` micro-batches, then `apply(state, acc) -> (state, acc, metrics)` once
     (it must return the accumulator zeroed for the next step); `init_accumulator(state) -> acc`
@@ -180,17 +188,18 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     if mode_b:
         acc_shardings = to_named(accumulator_shardings)
         acc_shapes = jax.eval_shape(init_accumulator, state_shapes)
-        _, _, metric_shapes = jax.eval_shape(apply, state_shapes, acc_shapes)
+        metric_shapes = apply_metrics(grad, apply, state_shapes, acc_shapes, batch0)
     else:
-        _, metric_shapes = jax.eval_shape(step, state_shapes, batch0, *extra0)
-    reference_series = _checked_reference_series(metric_shapes, reference_series, mode_b)
+        metric_shapes = step_metrics(step, state_shapes, batch0, extra0)
+    reference_series = checked_reference_series(metric_shapes, reference_series)
     metric_shardings = jax.tree.map(lambda _: replicated, metric_shapes)
     # keep_unused: an init may ignore the seed (meshrun.torch's weights come from the module).
     init_jit = jax.jit(init, in_shardings=replicated, out_shardings=state_shardings,
                        keep_unused=True)
 
     os.makedirs(out_dir, exist_ok=True)
-    _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms, 1, False)
+    _write_program(out_dir, "init.mlirbc", init_jit, (seed_value,), platforms, [_SEED_ENTRY],
+                   False)
     state_entries = entries(state_shapes, state_shardings, mesh, roles, "state")
     batch_entries = entries(batch0, batch_shardings, mesh, roles, "batch")
     extra_entries = [e for (k, (shardings, _)), value in zip(extras.items(), extra0)
@@ -210,9 +219,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
         n_acc = len(acc_entries)
         grad_inputs = state_entries + acc_entries + batch_entries
         _write_program(out_dir, "grad.mlirbc", grad_jit, (state_shapes, acc_shapes, batch0),
-                       platforms, len(grad_inputs), True)
+                       platforms, grad_inputs, True)
         _write_program(out_dir, "apply.mlirbc", apply_jit, (state_shapes, acc_shapes), platforms,
-                       n_state + n_acc, True)
+                       state_entries + acc_entries, True)
         programs["grad"] = _program("grad.mlirbc", grad_inputs, acc_entries,
                                     range(n_state, n_state + n_acc))
         programs["apply"] = _program("apply.mlirbc", state_entries + acc_entries,
@@ -224,7 +233,7 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
                            out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,),
                            keep_unused=keep_unused)
         _write_program(out_dir, "step.mlirbc", step_jit, (state_shapes, batch0) + extra0,
-                       platforms, len(step_inputs), True)
+                       platforms, step_inputs, True, tuple(extras))
         programs["step"] = _program("step.mlirbc", step_inputs, state_entries + metric_entries,
                                     range(n_state))
 
@@ -292,20 +301,6 @@ def _mesh_device_ids(mesh):
     if ids != list(range(len(ids))):
         raise ValueError(f"mesh devices must be ids 0..{len(ids) - 1} in order, got {ids}")
     return ids
-
-
-def _checked_reference_series(metric_shapes, reference_series, mode_b):
-    """"loss" first, then the other scalar metrics named; ValueError for metrics without a loss
-    or a name that is not a scalar metric."""
-    if not isinstance(metric_shapes, dict) or "loss" not in metric_shapes:
-        raise ValueError(f"{'apply' if mode_b else 'step'} must return metrics as a dict holding "
-                         "\"loss\"")
-    reference_series = ("loss",) + tuple(n for n in reference_series if n != "loss")
-    for series in reference_series:
-        if getattr(metric_shapes.get(series), "shape", None) != ():
-            raise ValueError(f"reference_series names \"{series}\", which is not a scalar of "
-                             f"the metrics {sorted(metric_shapes)}")
-    return reference_series
 
 
 def _job_mesh(mesh, roles, ids, host_replicas):

@@ -51,14 +51,14 @@ def test_unmapped_mesh_axis_is_refused_by_name(tmp_path):
 
 def test_export_keeps_every_declared_input_and_no_source_paths(tmp_path):
     """A step that ignores a batch array would lose it from the program while the worker feeds
-    it: refused, naming keep_unused, which keeps it. The programs hold no source locations,
+    it: refused, naming it; keep_unused keeps it. The programs hold no source locations,
     so no file path (the same bytes from any checkout)."""
     batch = dict(convnet.batches(1)[0], unused=np.zeros((convnet.BATCH,), np.float32))
     kwargs = dict(init=convnet.init, mesh=convnet.mesh(), state_shardings=convnet.STATE_SPECS,
                   batch_shardings=dict(convnet.BATCH_SPECS, unused=convnet.BATCH_SPECS["labels"]),
                   example_batch=batch, axis_roles={"rows": "data", "cols": "model"})
     ignores = lambda state, b: convnet.step(state, {k: b[k] for k in ("images", "labels")})
-    with pytest.raises(RuntimeError, match="takes 6 inputs, the job declares 7.*keep_unused"):
+    with pytest.raises(RuntimeError, match='does not read "batch.unused".*from the batch'):
         meshrun.export.export(str(tmp_path / "a"), step=ignores, **kwargs)
     meshrun.export.export(str(tmp_path / "b"), step=ignores, keep_unused=True, **kwargs)
     job = json.load(open(tmp_path / "b" / "job.json"))
