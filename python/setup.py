@@ -1,5 +1,6 @@
-"""Builds the meshrun package; the gRPC stubs (meshrun.v1.*_pb2*) are generated from the
-repository's proto/ directory at build time (MESHRUN_PROTO_DIR overrides), never committed."""
+"""Builds the meshrun package; the gRPC stubs (meshrun.v1.*_pb2*) are generated from the protos
+at build time, never committed. The protos: $MESHRUN_PROTO_DIR, else proto/ beside this file (an
+sdist, scripts/build_sdk.sh), else the repository's ../proto (a checkout)."""
 import glob
 import os
 
@@ -7,7 +8,17 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTO_ROOT = os.environ.get("MESHRUN_PROTO_DIR", os.path.join(HERE, "..", "proto"))
+
+
+def _proto_root():
+    if os.environ.get("MESHRUN_PROTO_DIR"):
+        return os.environ["MESHRUN_PROTO_DIR"]
+    for root in (os.path.join(HERE, "proto"), os.path.join(HERE, "..", "proto")):
+        if glob.glob(os.path.join(root, "meshrun", "v1", "*.proto")):
+            return root
+    raise RuntimeError(f"no meshrun/v1/*.proto under {HERE}/proto or {HERE}/../proto: build from "
+                       "a meshrun checkout or an sdist made by scripts/build_sdk.sh, or set "
+                       "MESHRUN_PROTO_DIR to the directory that holds meshrun/v1/*.proto")
 
 
 class BuildPyWithStubs(build_py):
@@ -16,12 +27,13 @@ class BuildPyWithStubs(build_py):
         import grpc_tools
         from grpc_tools import protoc
 
-        protos = sorted(glob.glob(os.path.join(PROTO_ROOT, "meshrun", "v1", "*.proto")))
+        root = _proto_root()
+        protos = sorted(glob.glob(os.path.join(root, "meshrun", "v1", "*.proto")))
         if not protos:
-            raise RuntimeError(f"no meshrun/v1/*.proto under {PROTO_ROOT} (set MESHRUN_PROTO_DIR)")
+            raise RuntimeError(f"no meshrun/v1/*.proto under {root} (MESHRUN_PROTO_DIR)")
         out = self.build_lib
         well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-        args = ["protoc", f"-I{PROTO_ROOT}", f"-I{well_known}", f"--python_out={out}",
+        args = ["protoc", f"-I{root}", f"-I{well_known}", f"--python_out={out}",
                 f"--grpc_python_out={out}", *protos]
         if protoc.main(args) != 0:
             raise RuntimeError("protoc failed on " + " ".join(protos))

@@ -11,7 +11,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MESHRUN_VENV:-$root/.venv}"
 py="$venv/bin/python"
 [ -x "$py" ] || { echo "install_sdk: $py absent; run scripts/setup.sh" >&2; exit 1; }
-GRPCIO_TOOLS_VERSION=1.85.1
+GRPCIO_TOOLS_VERSION=1.85.1   # = python/pyproject.toml build-system pin (sets the floors)
 PYTEST_VERSION=9.2.0
 PANDAS_VERSION=2.3.3
 have() { "$py" -c "import sys; from importlib.metadata import version; \
