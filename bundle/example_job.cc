@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "bundle/array_file_format.h"
 #include "bundle/job_bundle.h"
 #include "common/path_roots.h"
 #include "common/status_macros.h"
@@ -115,7 +116,10 @@ absl::StatusOr<ExampleJob> LoadExampleJob(const std::string& job_json_path,
                      client::ReadBundleFile(job_json_path, bundle.data().file(), "data.file",
                                             roots));
     const int64_t steps = bundle.data().steps();
-    size_t offset = 0;
+    // A typed file (meshrun.export writes one) starts with its header; older bundles' do not.
+    ASSIGN_OR_RETURN(std::optional<bundle::ArrayFileHeaderRead> header,
+                     bundle::ReadArrayFileHeader(bundle.data().file(), bytes));
+    size_t offset = header.has_value() ? static_cast<size_t>(header->bytes) : 0;
     for (int64_t s = 0; s < steps * job.grad_accumulation; ++s) {
       std::vector<HostArray> batch;
       for (const ExampleArray& a : job.data_arrays) {

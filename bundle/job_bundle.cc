@@ -253,7 +253,9 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& bundle_path,
   for (int i = 0; i < bundle.telemetry_size(); ++i) {
     const v1::BundleTelemetry& t = bundle.telemetry(i);
     v1::TelemetryDeclaration* declared = spec.add_telemetry();
-    declared->set_name(t.output());
+    // The series takes the bundle's name; older bundles without one keep the output's.
+    declared->set_name(t.name().empty() ? t.output() : t.name());
+    declared->set_output(t.output());
     ASSIGN_OR_RETURN(v1::Combine combine,
                      ParseCombineName(absl::StrCat("telemetry[", i, "].combine"), t.combine()));
     declared->set_combine(combine);
@@ -267,6 +269,7 @@ absl::StatusOr<v1::JobSpec> JobSpecFromBundle(const std::string& bundle_path,
   spec.set_telemetry_cadence(options.telemetry_cadence);
   spec.set_steps(options.steps);
   v1::DataSource* data = spec.mutable_data();
+  data->set_vocab_size(bundle.vocab_size());
   if (options.data.empty()) {
     data->set_example_bundle(std::filesystem::absolute(job_json_path).string());
   } else if (options.data == "synthetic") {

@@ -71,6 +71,11 @@ std::string Data(const v1::JobManifest& job) {
     }
     if (!receipt.sha256().empty()) absl::StrAppend(&text, ", sha256 ", receipt.sha256());
   }
+  if (receipt.unchecked_layout()) {
+    absl::StrAppend(&text, "\n             UNCHECKED: the file has no header, so its arrays were "
+                           "not checked against the program (write it with meshrun.data."
+                           "write_arrays)");
+  }
   return text;
 }
 
@@ -85,6 +90,14 @@ std::string JobSummaryText(const v1::JobManifest& job) {
   if (!job.error().empty()) {
     Line(out, "error", job.failed_host().empty() ? job.error()
                                                  : job.failed_host() + ": " + job.error());
+  }
+  if (job.nonfinite_step() > 0) {
+    const char* policy = job.spec().on_nonfinite() == v1::NONFINITE_WARN     ? "warn"
+                         : job.spec().on_nonfinite() == v1::NONFINITE_IGNORE ? "ignore"
+                                                                             : "fail";
+    Line(out, "non-finite", absl::StrCat("series \"", job.nonfinite_series(),
+                                         "\" is not finite from step ", job.nonfinite_step(),
+                                         " (on_nonfinite=", policy, ")"));
   }
   Line(out, "step", absl::StrCat(job.last_step(), " of ", job.spec().steps(),
                                  job.restored_step() > 0

@@ -22,6 +22,7 @@
 #include "cli/cli_compile.h"
 #include "cli/cli_common.h"
 #include "cli/cli_get.h"
+#include "cli/cli_help.h"
 #include "cli/cli_telemetry.h"
 #include "rpc/grpc_probe.h"
 #include "rpc/proto_convert.h"
@@ -41,7 +42,12 @@ ABSL_FLAG(std::string, data, "",
 ABSL_FLAG(int, host_replicas, 0,
           "submit: run the mesh on this many CPU hosts, data-parallel across them (mode B "
           "jobs; 0: the bundle's mesh.host_replicas)");
-ABSL_FLAG(bool, follow, false, "submit: wait until the job ends and print its manifest");
+ABSL_FLAG(bool, follow, false,
+          "submit: wait until the job ends and print its summary (--output=json: its manifest)");
+ABSL_FLAG(std::string, on_nonfinite, "fail",
+          "submit: what a logging step whose loss, grad norm or other scalar series is NaN or "
+          "infinite does: fail (stop the job FAILED, naming the step and series; its "
+          "checkpoints are kept), warn (go on, marked in the manifest) or ignore");
 ABSL_FLAG(std::string, job, "",
           "workers: explain exclusions against this job's runtime pin (default: the pin a "
           "job without one would get)");
@@ -49,50 +55,22 @@ ABSL_FLAG(std::string, job, "",
 namespace meshrun::services {
 namespace {
 
-constexpr char kUsage[] =
-    "meshrun [flags] <command> [args]\n\n"
-    "commands:\n"
-    "  health <HOST:PORT>   print SERVING, or why the server is not serving\n"
-    "  workers              list the coordinator's workers and why a job's pin excludes any\n"
-    "                       (--job=ID; --expect=N waits for N alive)\n"
-    "  submit <bundle>      submit an exported bundle (its directory or job.json; --steps,\n"
-    "                       --cadence, --data, --follow;\n"
-    "                       --checkpoint_dir, --checkpoint_every, --keep_checkpoints,\n"
-    "                       --resume_from, --max_restarts)\n"
-    "  get <job-id>         a job's summary (state, mesh, runtime, compile, data, step, error;\n"
-    "                       --output=json: the full manifest)\n"
-    "  list                 list jobs\n"
-    "  cancel <job-id>      cancel a job on every worker\n"
-    "  checkpoint <job-id>  save a running job's state now (it needs --checkpoint_dir)\n"
-    "  watch <job-id>       live telemetry table with sparklines (--since_step, --series)\n"
-    "  export <job-id>      the job's telemetry history (--format=csv|jsonl|tensorboard, --out,\n"
-    "                       --since_step, --series)\n"
-    "  metrics [host]       each worker's metrics report (compile, load, execute, transfers)\n"
-    "  memory <host> [dev]  device memory by runtime name, e.g. cpu:0 or TPU:3\n"
-    "  compile <bundle>     compile a job for a TPU slice here, no cluster needed (--target=v6e-8;\n"
-    "                       prints bytes per device, FLOPs, executable size; exit 1: no fit)\n"
-    "  drain <host>         ask a worker to drain as on SIGTERM and leave (role admin)\n"
-    "  version              print this build's version and protocol range\n"
-    "  certs init|issue|token  cluster CA, certificates, bearer tokens (docs/security.md)\n\n"
-    "exit codes: 0 ok, 1 refused or failed call, 2 usage error, 3 coordinator unreachable,\n"
-    "4 the job ended FAILED or CANCELLED (submit --follow), 5 still running after --wait\n"
-    "--coordinator defaults to $MESHRUN_COORDINATOR, else 127.0.0.1:7070\n"
-    "--output=json: every command prints JSON objects, one a line (export: --format=jsonl)\n";
-
 int Health(const std::vector<std::string>& args) {
-  if (args.size() != 3) ExitWithError("usage: meshrun health <HOST:PORT>", 2);
-  if (auto parsed = ParseHostPort("address", args[2]); !parsed.ok()) {
-    ExitWithError(absl::StrCat("address \"", args[2],
+  if (args.size() > 3) ExitWithError("usage: meshrun health [HOST:PORT]", 2);
+  // Without an address: the coordinator's (--coordinator, $MESHRUN_COORDINATOR).
+  const std::string address = args.size() == 3 ? args[2] : absl::GetFlag(FLAGS_coordinator);
+  if (auto parsed = ParseHostPort("address", address); !parsed.ok()) {
+    ExitWithError(absl::StrCat("address \"", address,
                                "\" is not HOST:PORT, e.g. 127.0.0.1:7070"), 2);
   }
   const bool json = JsonOutput();
   absl::StatusOr<std::string> health =
-      CheckHealth(MakeChannel(args[2]), "", absl::GetFlag(FLAGS_timeout));
+      CheckHealth(MakeChannel(address), "", absl::GetFlag(FLAGS_timeout));
   if (!health.ok()) {
     const std::string code = absl::StatusCodeToString(health.status().code());
     const std::string message(health.status().message());
     if (json) {
-      PrintJsonObject({{"address", args[2]}, {"status", "NOT_SERVING"}, {"code", code},
+      PrintJsonObject({{"address", address}, {"status", "NOT_SERVING"}, {"code", code},
                        {"message", message}});
     } else {
       std::printf("NOT SERVING: %s: %s\n", code.c_str(), message.c_str());
@@ -100,7 +78,7 @@ int Health(const std::vector<std::string>& args) {
     return 1;
   }
   if (json) {
-    PrintJsonObject({{"address", args[2]}, {"status", *health}});
+    PrintJsonObject({{"address", address}, {"status", *health}});
   } else {
     std::printf("%s\n", health->c_str());
   }
@@ -198,6 +176,14 @@ std::string ManifestText(v1::JobManifest job) {
   return text;
 }
 
+v1::NonFinitePolicy NonFinitePolicyFlag() {
+  const std::string value = absl::GetFlag(FLAGS_on_nonfinite);
+  if (value == "fail") return v1::NONFINITE_FAIL;
+  if (value == "warn") return v1::NONFINITE_WARN;
+  if (value == "ignore") return v1::NONFINITE_IGNORE;
+  ExitWithError(absl::StrCat("--on_nonfinite=", value, " is not fail, warn or ignore"), 2);
+}
+
 int Submit(const std::vector<std::string>& args) {
   if (args.size() != 3) ExitWithError("usage: meshrun submit <bundle directory or job.json>", 2);
   absl::StatusOr<v1::JobSpec> spec = client::JobSpecFromBundle(
@@ -206,6 +192,7 @@ int Submit(const std::vector<std::string>& args) {
                 .data = absl::GetFlag(FLAGS_data),
                 .host_replicas = absl::GetFlag(FLAGS_host_replicas)});
   if (!spec.ok()) ExitWithError(std::string(spec.status().message()), 2);
+  spec->set_on_nonfinite(NonFinitePolicyFlag());
   auto stub = CoordinatorStub();
   absl::Status flags = ApplyCheckpointFlags(*spec, [&stub](const std::string& job_id) {
     v1::GetJobRequest get;
@@ -223,6 +210,9 @@ int Submit(const std::vector<std::string>& args) {
   v1::SubmitJobResponse response;
   auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
   CheckCall(stub->SubmitJob(context.get(), request, &response), "submit refused");
+  for (const std::string& warning : response.warnings()) {
+    std::fprintf(stderr, "meshrun: warning: %s\n", warning.c_str());
+  }
   if (!JsonOutput()) std::printf("%s\n", response.job_id().c_str());
   if (JsonOutput() && !absl::GetFlag(FLAGS_follow)) PrintJson(response);
   if (!absl::GetFlag(FLAGS_follow)) return 0;
@@ -238,8 +228,10 @@ int Submit(const std::vector<std::string>& args) {
   }
   if (JsonOutput()) {
     PrintJson(job);
-  } else {
+  } else if (absl::GetFlag(FLAGS_output) == "textproto") {
     std::printf("%s", ManifestText(job).c_str());
+  } else {
+    std::printf("%s", JobSummaryText(job).c_str());
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) return 0;
   return jobspec::IsFinal(job.state()) ? kExitJobFailed : kExitStillRunning;
@@ -396,8 +388,9 @@ int Memory(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   using namespace meshrun::services;
-  std::vector<std::string> args = InitBinary("meshrun", kUsage, argc, argv);
-  if (args.size() < 2) ExitWithError(std::string("no command given\n") + kUsage, 2);
+  if (const int code = MaybePrintHelp(argc, argv); code >= 0) return code;
+  std::vector<std::string> args = InitBinary("meshrun", GlobalUsage(), argc, argv);
+  if (args.size() < 2) ExitWithError(std::string("no command given\n") + GlobalUsage(), 2);
   const std::string& command = args[1];
   if (command == "certs") return meshrun::services::RunCertsCommand(args);
   if (command == "compile") return meshrun::services::RunCompileCommand(args);
@@ -423,5 +416,5 @@ int main(int argc, char** argv) {
                 meshrun::kProtocolMaxVersion);
     return 0;
   }
-  ExitWithError("unknown command \"" + command + "\"; commands: health, workers, compile, submit, get, list, cancel, checkpoint, drain, watch, export, metrics, memory, version", 2);
+  ExitWithError("unknown command \"" + command + "\"; commands: " + CommandList(), 2);
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -40,13 +41,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
   ASSIGN_OR_RETURN(
       t->combiner_,
       telemetry::StepCombiner::Create(
-          {.grace = config.grace, .sink = [self](v1::GlobalSummary summary) {
+          {.grace = config.grace,
+           .sink = [self, on_nonfinite = std::move(config.on_nonfinite)](
+                       v1::GlobalSummary summary) {
              // Committed first, so a watcher never sees a step that a restart would lose.
              if (absl::Status s = self->history_->Append(summary); !s.ok()) {
                spdlog::error("telemetry history: {}", s.ToString());
                return;
              }
              self->step_times_.Add(summary);
+             if (on_nonfinite) self->NoteNonFinite(summary, on_nonfinite);
              if (absl::Status s = self->hub_->Publish(summary); !s.ok()) {
                spdlog::warn("telemetry publish: {}", s.ToString());
              }
@@ -277,6 +281,20 @@ absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summ
     latest = std::max(latest, summary.step());
   }
   return history_->AppendHost(summary);
+}
+
+void CoordinatorTelemetry::NoteNonFinite(
+    const v1::GlobalSummary& summary,
+    const std::function<void(const std::string&, int64_t, const std::string&)>& report) {
+  for (const v1::TelemetryValue& value : summary.values()) {
+    if (value.values_size() != 1 || std::isfinite(value.values(0))) continue;
+    {
+      absl::MutexLock l(&steps_mu_);
+      if (!nonfinite_noted_.insert(summary.job_id()).second) return;
+    }
+    report(summary.job_id(), summary.step(), value.name());
+    return;
+  }
 }
 
 int64_t CoordinatorTelemetry::LatestStep(const std::string& job_id) const {

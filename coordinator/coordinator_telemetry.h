@@ -54,6 +54,11 @@ class CoordinatorTelemetry {
     // history().Prune(); zero: keep.
     absl::Duration history_max_age = absl::ZeroDuration();
     int64_t history_max_steps = 0;
+    // When set, called once per job run with the first committed global step whose scalar
+    // series `series` is NaN or infinite (the manifest's nonfinite_step), on the combiner's
+    // thread after the step was committed; it must not call back into this object.
+    std::function<void(const std::string& job_id, int64_t step, const std::string& series)>
+        on_nonfinite;
   };
 
   // The coordinator's Config::admit: a summary passes only from its host's current, ALIVE
@@ -119,6 +124,10 @@ class CoordinatorTelemetry {
   absl::Status StartCombining(const v1::JobManifest& job, int64_t emitted_through_step);
   // Accept takes only the summaries of run `attempt` on; a rewind lowers the live step.
   void SetRun(const std::string& job_id, int attempt, std::optional<int64_t> rewound_to);
+  // Reports the summary's first non-finite scalar series, once per job (Config::on_nonfinite).
+  void NoteNonFinite(
+      const v1::GlobalSummary& summary,
+      const std::function<void(const std::string&, int64_t, const std::string&)>& report);
   // Resumes the jobs the history says were collecting (see "Restart").
   absl::Status Resume();
   absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
@@ -132,6 +141,8 @@ class CoordinatorTelemetry {
   mutable absl::Mutex steps_mu_;
   std::map<std::string, int64_t> latest_step_ ABSL_GUARDED_BY(steps_mu_);
   std::map<std::string, int> run_ ABSL_GUARDED_BY(steps_mu_);  // the attempt being collected
+  // Jobs whose first non-finite step was reported (Config::on_nonfinite).
+  std::set<std::string> nonfinite_noted_ ABSL_GUARDED_BY(steps_mu_);
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
   absl::Notification stop_;

@@ -128,6 +128,16 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
                                       ? coordinator::ProgramStore::Stripped(request.spec())
                                       : request.spec()));
   if (admission_ != nullptr) admission_->programs()->Bind(response->job_id(), std::move(programs));
+  if (receipt.unchecked_layout()) {
+    response->add_warnings(absl::StrCat(
+        "data.array_file ", request.spec().data().array_file(),
+        " has no header, so its arrays' names, dtypes and shapes were not checked against the "
+        "program's batch inputs (a file written before typed array files): write it again with "
+        "meshrun.data.write_arrays"));
+  }
+  for (const std::string& warning : response->warnings()) {
+    spdlog::warn("job {}: {}", response->job_id(), warning);
+  }
   RETURN_IF_ERROR(jobs_->Update(response->job_id(), [&](v1::JobManifest& m) {
     *m.mutable_data_receipt() = std::move(receipt);
     m.set_restored_step(restored_step);

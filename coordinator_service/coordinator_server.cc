@@ -388,7 +388,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                                                  .admit = CoordinatorTelemetry::RegistryFence(
                                                      server->registry_.get()),
                                                  .history_max_age = config.limits.history_retention,
-                                                 .history_max_steps = config.limits.history_max_steps}));
+                                                 .history_max_steps = config.limits.history_max_steps,
+                                                 .on_nonfinite = NonFiniteRecorder(server.get())}));
   // Job ids continue past those the history knows, so a restart never reuses one.
   int64_t first_id = 1;
   ASSIGN_OR_RETURN(std::vector<std::string> known, server->telemetry_->KnownJobs());
@@ -519,6 +520,21 @@ void CoordinatorServer::PruneFinished() {
   absl::StatusOr<int64_t> pruned = telemetry_->history().Prune();
   if (!pruned.ok()) spdlog::error("telemetry history retention: {}", pruned.status().ToString());
   if (pruned.ok() && *pruned > 0) spdlog::info("telemetry history: pruned {} summaries", *pruned);
+}
+
+std::function<void(const std::string&, int64_t, const std::string&)>
+CoordinatorServer::NonFiniteRecorder(CoordinatorServer* server) {
+  // Summaries come only for submitted jobs, so jobs_ (made after the telemetry) exists by then.
+  return [server](const std::string& job_id, int64_t step, const std::string& series) {
+    absl::Status marked = server->jobs_->Update(job_id, [&](v1::JobManifest& m) {
+      if (m.nonfinite_step() != 0) return;
+      m.set_nonfinite_step(step);
+      m.set_nonfinite_series(series);
+    });
+    if (marked.ok()) {
+      spdlog::warn("job {}: series \"{}\" is not finite at step {}", job_id, series, step);
+    }
+  };
 }
 
 void CoordinatorServer::CheckRestoredJobs() {

@@ -87,6 +87,9 @@ class CoordinatorServer {
   // Once the workers had time to come back after a restart: fails each job restored RUNNING
   // whose workers did not re-register, naming them.
   void CheckRestoredJobs();
+  // Records a job's first non-finite step in its manifest (CoordinatorTelemetry::Config).
+  static std::function<void(const std::string&, int64_t, const std::string&)> NonFiniteRecorder(
+      CoordinatorServer* server);
   // limits: --history_retention, and finished jobs past --job_retention/--max_finished_jobs.
   void PruneFinished();     // sweeper only: every minute, or sooner past --max_finished_jobs
   absl::Time pruned_at_;    // sweeper only

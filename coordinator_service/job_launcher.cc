@@ -323,12 +323,15 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
           MarkUnrestorable(job, error);
           host_at_fault = false;
         }
+        // A restart would compute the same values again: the job ends here.
+        const bool may_restart = !report.nonfinite();
         // The probe takes time: the job may have restarted meanwhile.
         if (absl::StatusOr<v1::JobManifest> now = config_.jobs->Get(report.job_id());
             now.ok() && now->attempts_size() != job.attempts_size()) {
           return;
         }
-        Fail(report.job_id(), host, error, host_at_fault).IgnoreError();  // may have ended
+        Fail(report.job_id(), host, error, host_at_fault && may_restart, may_restart)
+            .IgnoreError();  // may have ended
       });
       return absl::OkStatus();
     case v1::JOB_STATE_SUCCEEDED: {

@@ -553,7 +553,8 @@ def common(model, mesh, mesh_name, batches, data_file, dp):
         model_family=model.family, series_order=model.series,
         captions={k: v for k, v in CAPTIONS.items() if k in model.series},
         reference_series=model.reference_series,
-        compile_options_jax=f"../../jax_compile_options/partitions_{dp}.pb")
+        compile_options_jax=f"../../jax_compile_options/partitions_{dp}.pb",
+        vocab_size=getattr(model, "vocab", None))
 
 
 def export_variant(model, mesh_name, out_dir, batches, data_file):

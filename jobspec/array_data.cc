@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "jobspec/job_validation.h"
-#include "worker/array_file.h"
 #include "runtime/types.h"
 
 namespace meshrun::jobspec {
@@ -35,10 +34,10 @@ absl::StatusOr<std::vector<v1::TensorSpec>> ArrayBatchInputs(const v1::JobSpec& 
                                      program->inputs().begin() + end);
 }
 
-absl::StatusOr<int64_t> ArrayRecordBytes(const v1::JobSpec& spec) {
+absl::StatusOr<std::vector<worker::BatchArray>> ArrayFileBatch(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(std::vector<v1::TensorSpec> inputs, ArrayBatchInputs(spec));
   const int64_t hosts = std::max(1, spec.mesh().host_replicas());
-  int64_t total = 0;
+  std::vector<worker::BatchArray> batch;
   for (const v1::TensorSpec& t : inputs) {
     absl::StatusOr<runtime::DType> dtype = runtime::ParseDType(t.dtype());
     if (!dtype.ok()) {
@@ -46,15 +45,16 @@ absl::StatusOr<int64_t> ArrayRecordBytes(const v1::JobSpec& spec) {
                                                      t.dtype(), "\" is unknown"));
     }
     runtime::ArrayShape shape{*dtype, {t.shape().begin(), t.shape().end()}};
-    total += shape.ByteSize() * hosts;
+    if (!shape.dims.empty()) shape.dims[0] *= hosts;
+    batch.push_back({t.name(), std::move(shape)});
   }
-  return total;
+  return batch;
 }
 
 absl::StatusOr<v1::DataReceipt> ArrayFileReceipt(const v1::JobSpec& spec) {
-  ASSIGN_OR_RETURN(int64_t record_bytes, ArrayRecordBytes(spec));
+  ASSIGN_OR_RETURN(std::vector<worker::BatchArray> batch, ArrayFileBatch(spec));
   absl::StatusOr<std::shared_ptr<const worker::ArrayFile>> file =
-      worker::ArrayFile::Open(spec.data().array_file(), record_bytes);
+      worker::ArrayFile::Open(spec.data().array_file(), batch);
   if (!file.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.data.array_file: ", file.status().message()));
@@ -65,6 +65,7 @@ absl::StatusOr<v1::DataReceipt> ArrayFileReceipt(const v1::JobSpec& spec) {
   receipt.add_file_sha256(read.sha256);
   receipt.set_bytes(read.bytes);
   receipt.set_sha256(read.sha256);
+  receipt.set_unchecked_layout(!(*file)->header().has_value());
   return receipt;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "meshrun/v1/job.pb.h"
+#include "worker/array_file.h"
 
 namespace meshrun::jobspec {
 
@@ -16,14 +17,16 @@ namespace meshrun::jobspec {
 // Errors: INVALID_ARGUMENT (no step/grad program, or it takes no batch input).
 absl::StatusOr<std::vector<v1::TensorSpec>> ArrayBatchInputs(const v1::JobSpec& spec);
 
-// Bytes of one batch in the file: every batch input's global bytes, times the host replicas
-// (mesh.host_replicas > 1: the file holds the global batch, host h takes its h-th block of rows).
+// One batch of the file as the program takes it: each batch input with its global shape, the
+// first dimension times the host replicas (mesh.host_replicas > 1: the file holds the global
+// batch, host h takes its h-th block of rows).
 // Errors: ArrayBatchInputs', INVALID_ARGUMENT (an unknown dtype, named).
-absl::StatusOr<int64_t> ArrayRecordBytes(const v1::JobSpec& spec);
+absl::StatusOr<std::vector<worker::BatchArray>> ArrayFileBatch(const v1::JobSpec& spec);
 
-// Checks spec.data.array_file against the job's batch inputs and returns its receipt (the file,
-// its bytes and sha256). Errors: INVALID_ARGUMENT naming data.array_file (missing, empty, not
-// whole batches), ArrayRecordBytes'.
+// Checks spec.data.array_file against the job's batch inputs (worker::ArrayFile::Open) and
+// returns its receipt (the file, its bytes and sha256; unchecked_layout for a file without a
+// header). Errors: INVALID_ARGUMENT: ArrayFile::Open's, prefixed "spec.data.array_file: ";
+// ArrayFileBatch's.
 absl::StatusOr<v1::DataReceipt> ArrayFileReceipt(const v1::JobSpec& spec);
 
 }  // namespace meshrun::jobspec

@@ -271,6 +271,13 @@ absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("spec.data.token_shards_glob \"", glob,
                                                    "\": ", corpus.status().message()));
   }
+  if (const int64_t vocab = spec.data().vocab_size(); vocab > 0 && (*corpus)->vocab_size() > vocab) {
+    return Invalid("data.token_shards_glob",
+                   absl::StrCat("\"", glob, "\" holds tokens of a ", (*corpus)->vocab_size(),
+                                "-token vocabulary (its shards' header), but the program's "
+                                "batch.tokens index a vocabulary of ", vocab,
+                                " (the bundle's vocab_size): tokenize the data for this model"));
+  }
   int index = 0;
   if (const v1::Program* program = BatchProgram(spec, &index); program != nullptr) {
     for (const v1::TensorSpec& t : program->inputs()) {
@@ -429,9 +436,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (int i = 0; i < spec.telemetry_size(); ++i) {
     const v1::TelemetryDeclaration& t = spec.telemetry(i);
     const std::string field = absl::StrCat("telemetry[", i, "]");
-    if (!outputs.contains(t.name())) {
-      return Invalid(field + ".name",
-                     absl::StrCat("\"", t.name(), "\" is not an output of the ",
+    const std::string& output = TelemetryOutputName(t);
+    if (!outputs.contains(output)) {
+      return Invalid(field + (t.output().empty() ? ".name" : ".output"),
+                     absl::StrCat("\"", output, "\" is not an output of the ",
                                   mode_b ? "apply" : "step", " program"));
     }
     if (!series.insert(t.name()).second) {

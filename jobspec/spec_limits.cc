@@ -182,6 +182,10 @@ absl::Status CheckSpecBounds(const v1::JobSpec& spec) {
   }
   for (int i = 0; i < spec.telemetry_size(); ++i) {
     RETURN_IF_ERROR(CheckName(spec.telemetry(i).name(), absl::StrCat("telemetry[", i, "].name")));
+    if (!spec.telemetry(i).output().empty()) {
+      RETURN_IF_ERROR(
+          CheckName(spec.telemetry(i).output(), absl::StrCat("telemetry[", i, "].output")));
+    }
   }
   RETURN_IF_ERROR(CheckRange(spec.telemetry_cadence(), 0, L::kMaxCadence, "telemetry_cadence"));
   RETURN_IF_ERROR(CheckRange(spec.steps(), 0, L::kMaxSteps, "steps"));
@@ -272,7 +276,7 @@ absl::Status CheckDeclarations(const v1::JobSpec& spec) {
   // Telemetry outputs are read to the host on every logging step: keep them small.
   for (int i = 0; last != nullptr && i < spec.telemetry_size(); ++i) {
     for (const v1::TensorSpec& out : last->outputs()) {
-      if (out.name() != spec.telemetry(i).name()) continue;
+      if (out.name() != TelemetryOutputName(spec.telemetry(i))) continue;
       ASSIGN_OR_RETURN(const int64_t elements,
                        CheckedElements(Dims(out.shape()), absl::StrCat("spec.telemetry[", i, "]")));
       if (elements > L::kMaxTelemetryElements) {

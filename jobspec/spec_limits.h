@@ -37,6 +37,11 @@ struct SpecLimits {
   static constexpr int64_t kMaxRestarts = 100;
 };
 
+// The program output a telemetry series reads: its `output`, or its `name` where that is empty.
+inline const std::string& TelemetryOutputName(const v1::TelemetryDeclaration& t) {
+  return t.output().empty() ? t.name() : t.output();
+}
+
 // The element count of `dims`, or INVALID_ARGUMENT naming `field` when a dimension is negative or
 // over kMaxDimension, or the product overflows or exceeds kMaxTensorElements.
 absl::StatusOr<int64_t> CheckedElements(const std::vector<int64_t>& dims,

@@ -84,7 +84,7 @@ cli get "$job"
 if [[ $rc != 0 ]]; then
   tail -20 "$run/worker.log"; echo "gpu_check: FAIL: the job did not succeed (exit $rc)"; exit 1
 fi
-cli export "$job" --format=csv --series=metrics.loss >"$run/loss.csv"
+cli export "$job" --format=csv --series=loss >"$run/loss.csv"
 python3 - "$run/manifest.json" "$run/loss.csv" "${MESHRUN_GPU_PLATFORM:-cuda}" <<'PY'
 import csv, json, sys
 manifest, platform = json.load(open(sys.argv[1])), sys.argv[3]

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "telemetry/history_sqlite.h"
 #include "telemetry/history_store.h"
@@ -28,6 +29,12 @@ bool Greater(double a, double b) {  // NaN is the maximum
   return a > b;
 }
 
+std::vector<std::string> Keys(const std::map<std::string, int64_t>& series) {
+  std::vector<std::string> names;
+  for (const auto& [name, elements] : series) names.push_back(name);
+  return names;
+}
+
 }  // namespace
 
 void FilterValues(const std::set<std::string>& names,
@@ -38,6 +45,13 @@ void FilterValues(const std::set<std::string>& names,
                                 return names.count(value.name()) == 0;
                               }),
                values.end());
+}
+
+absl::Status UnknownSeriesError(const std::string& name, const std::string& job_id,
+                                const std::vector<std::string>& series) {
+  return absl::NotFoundError(absl::StrCat(
+      "series \"", name, "\" is not a series of job ", job_id, "; it has ",
+      series.empty() ? "none yet" : absl::StrCat("\"", absl::StrJoin(series, "\", \""), "\"")));
 }
 
 absl::StatusOr<std::vector<v1::GlobalSummary>> HistoryStore::Read(
@@ -60,10 +74,7 @@ absl::StatusOr<std::vector<v1::GlobalSummary>> HistoryStore::Read(
   if (!names.empty()) {
     ASSIGN_OR_RETURN(auto series, SeriesLocked(request.job_id));
     for (const std::string& name : names) {
-      if (series.count(name) == 0) {
-        return absl::NotFoundError(
-            absl::StrCat("series \"", name, "\" is not a series of job ", request.job_id));
-      }
+      if (series.count(name) == 0) return UnknownSeriesError(name, request.job_id, Keys(series));
     }
   }
   ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT summary FROM global_summaries WHERE "
@@ -111,10 +122,7 @@ absl::StatusOr<std::vector<HistoryStore::Point>> HistoryStore::ReadSeries(
   RETURN_IF_ERROR(JobExistsLocked(request.job_id));
   ASSIGN_OR_RETURN(auto series, SeriesLocked(request.job_id));
   auto it = series.find(request.name);
-  if (it == series.end()) {
-    return absl::NotFoundError(absl::StrCat("series \"", request.name,
-                                            "\" is not a series of job ", request.job_id));
-  }
+  if (it == series.end()) return UnknownSeriesError(request.name, request.job_id, Keys(series));
   if (request.element < 0 || request.element >= it->second) {
     return absl::InvalidArgumentError(absl::StrCat("element ", request.element, " of series \"",
                                                    request.name, "\" is outside its ",

@@ -59,6 +59,11 @@ namespace meshrun::telemetry {
 void FilterValues(const std::set<std::string>& names,
                   google::protobuf::RepeatedPtrField<v1::TelemetryValue>& values);
 
+// NOT_FOUND for a series `name` that job `job_id` does not have, listing the ones it has
+// (`series`, in order) so the caller can correct the name.
+absl::Status UnknownSeriesError(const std::string& name, const std::string& job_id,
+                                const std::vector<std::string>& series);
+
 namespace history_internal {
 // A prepared statement kept by HistoryStore; `in_use` while a caller holds it.
 struct CachedStatement {

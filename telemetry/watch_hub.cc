@@ -455,8 +455,7 @@ absl::StatusOr<std::shared_ptr<Watcher>> WatchHub::Subscribe(const SubscribeRequ
     }
     for (const std::string& name : request.names) {
       if (series.count(name) == 0) {
-        return absl::NotFoundError(
-            absl::StrCat("series \"", name, "\" is not a series of job ", request.job_id));
+        return UnknownSeriesError(name, request.job_id, {series.begin(), series.end()});
       }
     }
     watcher.reset(new Watcher(config_.history, request.job_id, request.since_step,

@@ -28,7 +28,7 @@ mlp="$src/examples/mlp_classifier/dp4_tp2/job.json"
 cli submit "$mlp" --steps=30 --cadence=1 --resume_from="$tmp/jax" --follow --wait=120s \
   >"$tmp/resumed.txt" || fail "the resumed job did not succeed: $(cat "$tmp/resumed.txt")"
 grep -q "restored_step: 20" "$tmp/resumed.txt" || fail "no restored_step: $(cat "$tmp/resumed.txt")"
-cli export "$(field job_id <"$tmp/resumed.txt")" --format=csv --series=metrics.loss \
+cli export "$(field job_id <"$tmp/resumed.txt")" --format=csv --series=loss \
   --out="$tmp/resumed.csv" 2>/dev/null || fail "export failed"
 awk -F, 'FNR == 1 { next }
   FNR == NR { want[$1] = $2; next }

@@ -42,7 +42,7 @@ run() {  # bundle, name, flags...: a job that must succeed; its loss curve in $t
   shift 2
   cli submit "$bundle" --cadence=1 --follow --wait=300s "$@" >"$tmp/$name.txt" \
     || fail "$name did not succeed: $(cat "$tmp/$name.txt")"
-  cli export "$(field job_id <"$tmp/$name.txt")" --format=csv --series=metrics.loss \
+  cli export "$(field job_id <"$tmp/$name.txt")" --format=csv --series=loss \
     --out="$tmp/$name.csv" 2>/dev/null || fail "$name: export failed"
 }
 compare() {  # csv a, csv b, steps expected in common, tolerance, label

@@ -44,8 +44,8 @@ done
 
 # 2. Prometheus text with the job's telemetry and the worker's metrics.
 curl -sf "$base/metrics" >"$tmp/metrics.txt" || fail "/metrics"
-for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index="0"}' \
-            'meshrun_telemetry_value{job_id="job-1",series="metrics.sink_mass",index="23"}' \
+for want in 'meshrun_telemetry_value{job_id="job-1",series="loss",index="0"}' \
+            'meshrun_telemetry_value{job_id="job-1",series="sink_mass",index="23"}' \
             'meshrun_worker_up{host="worker-0"} 1' \
             'meshrun_worker_execute_time_seconds_total{host="worker-0"}' \
             'meshrun_job_state{job_id="job-1",state="' 'meshrun_build_info{version="0.1.0"} 1'; do

@@ -33,7 +33,7 @@ grep -q 'key: "step"' "$tmp/job.txt" && fail "a mode B job compiled a step progr
 grep -q "mode B, 2 micro-steps each" "$tmp/worker-0.log" || fail "the worker did not run mode B"
 job=$(sed -n 's/^job_id: "\(.*\)"$/\1/p' "$tmp/job.txt" | head -1)
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" || fail "watch failed: $(cat "$tmp/watch.txt")"
-grep -q "metrics.expert" "$tmp/watch.txt" || fail "no expert load column"
+grep -q "expert_load" "$tmp/watch.txt" || fail "no expert load column"
 awk '$1 ~ /^[0-9]+$/ { if (!first) first = $2; last = $2; rows++ }
      END { if (rows != 20 || !(last < 0.7 * first)) exit 1;
            printf "moe loss %.4f -> %.4f over %d steps\n", first, last, rows }' "$tmp/watch.txt" \

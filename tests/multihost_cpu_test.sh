@@ -57,7 +57,7 @@ run() {  # bundle, output name, extra flags...
   grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/$name.txt" || fail "$name: $(cat "$tmp/$name.txt")"
   local job
   job=$(field job_id <"$tmp/$name.txt")
-  cli export "$job" --format=csv --series=metrics.loss --out="$tmp/$name.csv" 2>/dev/null \
+  cli export "$job" --format=csv --series=loss --out="$tmp/$name.csv" 2>/dev/null \
     || fail "$name: export failed"
 }
 run "$lm/dp8/job.json" one_by_8 --data="$tmp/shards/*.tok"
@@ -94,13 +94,13 @@ compare "$tmp/one_by_8.csv" "$tmp/two_by_4.csv" 50 "2x4 vs 1x8 on real text" \
 cli submit "$moe/dp4x2/job.json" --steps=20 --cadence=1 --follow --wait=600s >"$tmp/bundle.txt" \
   || fail "dp4x2 on the bundle's data did not succeed: $(cat "$tmp/bundle.txt")"
 job=$(field job_id <"$tmp/bundle.txt")
-cli export "$job" --format=csv --series=metrics.loss --out="$tmp/bundle.csv" 2>/dev/null \
+cli export "$job" --format=csv --series=loss --out="$tmp/bundle.csv" 2>/dev/null \
   || fail "bundle export failed"
 "$python" - "$moe/dp4x2/reference.json" >"$tmp/reference.csv" <<'EOF'
 import json, sys
 print("step,wall_time_unix_micros,series,element,index,value,partial")
 for step, loss in enumerate(json.load(open(sys.argv[1]))["loss"], 1):
-    print(f"{step},0,metrics.loss,0,,{loss!r},false")
+    print(f"{step},0,loss,0,,{loss!r},false")
 EOF
 compare "$tmp/reference.csv" "$tmp/bundle.csv" 20 "dp4x2 vs JAX's two-host reference" \
   || fail "dp4x2 does not match JAX"

@@ -39,7 +39,7 @@ start_worker host-b 1
 cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"
 steps=120
 export_loss() {  # job, csv
-  cli export "$1" --format=csv --series=metrics.loss --out="$2" 2>/dev/null || fail "export $1"
+  cli export "$1" --format=csv --series=loss --out="$2" 2>/dev/null || fail "export $1"
 }
 # Whether $tmp/<name>.csv holds one loss per step, each equal to $tmp/plain.csv's within 1e-6.
 same_losses() {

@@ -28,7 +28,7 @@ cli submit "$src/examples/mlp_classifier/dp1/job.json" --steps=10 --cadence=1 --
 curl -sf "http://127.0.0.1:$http/metrics" >"$tmp/metrics.txt" || fail "/metrics"
 "$promtool" check metrics <"$tmp/metrics.txt" >"$tmp/promtool.log" 2>&1 \
   || fail "promtool check metrics: $(cat "$tmp/promtool.log")"
-for want in 'meshrun_telemetry_value{job_id="job-1",series="metrics.loss",index="0"}' \
+for want in 'meshrun_telemetry_value{job_id="job-1",series="loss",index="0"}' \
             'meshrun_worker_execute_time_seconds_total{host="worker-0"}' \
             'meshrun_worker_execute_time_samples_total{host="worker-0"}' \
             'meshrun_worker_steps_total{host="worker-0"}' \

@@ -44,9 +44,9 @@ events=$(ls "$tmp"/tb/events.out.tfevents.*.*)
 [ "$(echo "$events" | wc -l)" -eq 1 ] || fail "event files: $events"
 "$python" "$src/tests/tensorboard_check.py" "$events" "$tmp/history.jsonl" || fail "tensorboard check"
 # Only some series, from a step on.
-cli export "$job" --format=jsonl --series=metrics.loss --since_step=10 >"$tmp/loss.jsonl" 2>/dev/null || fail "--series export"
+cli export "$job" --format=jsonl --series=loss --since_step=10 >"$tmp/loss.jsonl" 2>/dev/null || fail "--series export"
 [ "$(wc -l <"$tmp/loss.jsonl")" -eq 3 ] || fail "since_step 10: $(wc -l <"$tmp/loss.jsonl") lines"
-grep -q '"values":{"metrics.loss":{"shape":\[\],"values":\[[^]]*\]}}}$' "$tmp/loss.jsonl" || fail "--series=metrics.loss: $(head -1 "$tmp/loss.jsonl")"
+grep -q '"values":{"loss":{"shape":\[\],"values":\[[^]]*\]}}}$' "$tmp/loss.jsonl" || fail "--series=loss: $(head -1 "$tmp/loss.jsonl")"
 
 # 2. Bad input.
 if cli export "$job" --format=parquet >"$tmp/bad.txt" 2>&1; then fail "format parquet accepted"; fi

@@ -1,6 +1,7 @@
 #include "worker/step_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <set>
 #include <utility>
@@ -171,6 +172,7 @@ void StepLoop::Run() {
     result.outcome = LoopOutcome::kFailed;
     result.error = status;
     result.restore_failed = restore_failed_;
+    result.nonfinite = nonfinite_failed_;
   }
   if (result.outcome == LoopOutcome::kFailed) {
     spdlog::error("job {} on {}: {}", config_.spec.job_id, config_.spec.host,
@@ -367,7 +369,7 @@ absl::Status StepLoop::StepDone(int64_t s, absl::Time start, absl::Time launched
   if (!cadence_.IsLoggingStep(s)) return absl::OkStatus();
   // Reads the telemetry before the state moves on; nothing is donated in between.
   absl::Status status = EmitTelemetry(s, done - start, data_wait, outputs);
-  if (status.ok()) return status;
+  if (status.ok() || nonfinite_failed_) return status;
   absl::MutexLock l(&mu_);
   last_completed_ = s;  // the step itself completed
   return PrefixStatus(status, absl::StrCat("step ", s, ": telemetry: "));
@@ -393,6 +395,8 @@ absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,
     metrics_->Increment(kTelemetryReads);
   }
   summary.wall_time = config_.clock->Now();
+  // The summary goes out either way: the user sees the value that stopped the job.
+  const absl::Status finite = CheckFinite(step, summary.values);
   if (config_.sink) {
     const absl::Time start = config_.clock->Now();
     config_.sink(std::move(summary));
@@ -402,6 +406,28 @@ absl::Status StepLoop::EmitTelemetry(int64_t step, absl::Duration step_time,
       spdlog::warn("job {}: the telemetry sink took {} at step {}; it must enqueue and return",
                    config_.spec.job_id, absl::FormatDuration(elapsed), step);
     }
+  }
+  return finite;
+}
+
+absl::Status StepLoop::CheckFinite(int64_t step, const std::vector<TelemetryValue>& values) {
+  if (config_.spec.on_nonfinite == NonFinitePolicy::kIgnore) return absl::OkStatus();
+  for (const TelemetryValue& value : values) {
+    if (value.values.size() != 1 || std::isfinite(value.values[0])) continue;  // scalars only
+    const std::string what = absl::StrCat("step ", step, ": series \"", value.name, "\" is ",
+                                          std::isnan(value.values[0]) ? "NaN" : "infinite");
+    if (config_.spec.on_nonfinite == NonFinitePolicy::kFail) {
+      nonfinite_failed_ = true;
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " (on_nonfinite=fail; the job's checkpoints are kept: resume from one with a "
+          "lower learning rate or other data, or submit with --on_nonfinite=warn)"));
+    }
+    if (!nonfinite_warned_) {
+      nonfinite_warned_ = true;
+      spdlog::warn("job {} on {}: {} (on_nonfinite=warn: the job goes on; later ones are not "
+                   "logged)", config_.spec.job_id, config_.spec.host, what);
+    }
+    return absl::OkStatus();
   }
   return absl::OkStatus();
 }

@@ -92,10 +92,20 @@ class BatchSource {
 
 // One declared telemetry output of the step program.
 struct TelemetryOutput {
-  std::string name;  // a step output name, e.g. "metrics.loss"
+  std::string name;    // the series name, e.g. "loss"
+  std::string output;  // the step output it reads, e.g. "metrics.loss"; "" = the one named `name`
   telemetry::Combine combine = telemetry::Combine::kMean;
   std::optional<double> threshold;    // a flag is raised when a value is not <= threshold
   std::vector<std::string> sharding;  // mesh axis per output dimension; empty = replicated
+};
+
+// What a logging step does when a scalar telemetry value (the loss, the grad norm) is NaN or
+// infinite (meshrun.v1.NonFinitePolicy). The values checked are the ones the logging step
+// already reduced on device and read to the host: the check adds no transfer and no sync.
+enum class NonFinitePolicy {
+  kFail,    // the summary goes out, then the loop ends kFailed (LoopResult::nonfinite)
+  kWarn,    // a warning is logged; the loop goes on
+  kIgnore,  // nothing is checked
 };
 
 // What the loop runs. All indices refer to the step program's per-device inputs/outputs; in
@@ -123,6 +133,7 @@ struct RunSpec {
   int64_t steps = 0;
   int replica_count = 1;          // data-parallel replicas on this host (weights the global mean)
   bool synthetic_data = false;    // marked in every summary
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kFail;
   // The first step to run: 1, or 1 + the step of the checkpoint a resumed job starts from
   // (Config::restore_state). steps + 1 runs nothing.
   int64_t first_step = 1;
@@ -151,6 +162,8 @@ struct LoopResult {
   absl::Status error;  // set when kFailed: "step <s>: <plugin message>" (or "init: ...", see mode B)
   int64_t last_completed_step = 0;  // 0: no step completed
   bool restore_failed = false;      // kFailed while restoring the checkpoint (restore_state)
+  // kFailed by NonFinitePolicy::kFail: error names the step and the series.
+  bool nonfinite = false;
 };
 
 class StepLoop {
@@ -279,6 +292,9 @@ class StepLoop {
                         absl::Duration data_wait, const DeviceBuffers& outputs);
   absl::Status EmitTelemetry(int64_t step, absl::Duration step_time, absl::Duration data_wait,
                              const DeviceBuffers& outputs);
+  // Applies spec.on_nonfinite to a logging step's reduced values: FAILED_PRECONDITION naming
+  // the step and the series under kFail (setting nonfinite_failed_), else OK.
+  absl::Status CheckFinite(int64_t step, const std::vector<TelemetryValue>& values);
   // The prefetch thread: uploads the batch of each requested step.
   void PrefetchMain();
   absl::StatusOr<DeviceBuffers> FetchBatch();
@@ -309,6 +325,8 @@ class StepLoop {
   DeviceBuffers state_;  // [device][state input]; loop thread only
   DeviceBuffers grad_acc_;  // mode B: [device][accumulator]; loop thread only
   bool restore_failed_ = false;  // loop thread only
+  bool nonfinite_failed_ = false;  // loop thread only
+  bool nonfinite_warned_ = false;  // loop thread only: kWarn logs the first occurrence only
 
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;

@@ -181,14 +181,15 @@ absl::StatusOr<TelemetryOutputs> TelemetryOutputsOf(const RunSpec& spec,
       return absl::InvalidArgumentError(absl::StrCat("telemetry output '", t.name,
                                                      "' is declared twice"));
     }
+    const std::string& output = t.output.empty() ? t.name : t.output;
     int index = -1;
     for (size_t i = 0; i < signature->outputs.size(); ++i) {
-      if (signature->outputs[i].name == t.name) index = static_cast<int>(i);
+      if (signature->outputs[i].name == output) index = static_cast<int>(i);
     }
     if (index < 0 || static_cast<size_t>(index) >= step.output_shapes().size()) {
       std::vector<std::string> outputs;
       for (const auto& o : signature->outputs) outputs.push_back(o.name);
-      return absl::InvalidArgumentError(absl::StrCat("telemetry output '", t.name,
+      return absl::InvalidArgumentError(absl::StrCat("telemetry output '", output,
                                                      "' is not an output of the step; it returns ",
                                                      absl::StrJoin(outputs, ", ")));
     }

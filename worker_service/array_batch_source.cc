@@ -14,9 +14,9 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> ArrayFileBatchesFor(
     const v1::JobManifest& manifest, int replica_index) {
   const v1::JobSpec& spec = manifest.spec();
   ASSIGN_OR_RETURN(std::vector<v1::TensorSpec> inputs, jobspec::ArrayBatchInputs(spec));
-  ASSIGN_OR_RETURN(int64_t record_bytes, jobspec::ArrayRecordBytes(spec));
+  ASSIGN_OR_RETURN(std::vector<worker::BatchArray> file_batch, jobspec::ArrayFileBatch(spec));
   ASSIGN_OR_RETURN(std::shared_ptr<const worker::ArrayFile> file,
-                   worker::ArrayFile::Open(spec.data().array_file(), record_bytes));
+                   worker::ArrayFile::Open(spec.data().array_file(), file_batch));
   if (file->receipt().sha256 != manifest.data_receipt().sha256()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "data.array_file ", spec.data().array_file(), " reads sha256 ", file->receipt().sha256,

@@ -214,6 +214,14 @@ absl::StatusOr<JobPrograms> LoadPrograms(runtime::Runtime& runtime,
 // `batch_program` (the one that takes the batches) and the telemetry read from the outputs of
 // `last_program` (the one whose outputs carry it). Errors: INVALID_ARGUMENT (a combine the
 // telemetry library does not know).
+worker::NonFinitePolicy NonFinitePolicyOf(v1::NonFinitePolicy policy) {
+  switch (policy) {
+    case v1::NONFINITE_WARN: return worker::NonFinitePolicy::kWarn;
+    case v1::NONFINITE_IGNORE: return worker::NonFinitePolicy::kIgnore;
+    default: return worker::NonFinitePolicy::kFail;  // unset is fail
+  }
+}
+
 absl::StatusOr<worker::RunSpec> RunSpecOf(const v1::JobManifest& manifest, const std::string& host,
                                           const v1::Program& batch_program,
                                           const v1::Program& last_program, int num_grad_acc,
@@ -232,19 +240,20 @@ absl::StatusOr<worker::RunSpec> RunSpecOf(const v1::JobManifest& manifest, const
                       .telemetry_cadence = spec.telemetry_cadence(),
                       .steps = spec.steps(),
                       .replica_count = mesh.shape_size() > 0 ? mesh.shape(0) : 1,
-                      .synthetic_data = spec.data().synthetic()};
+                      .synthetic_data = spec.data().synthetic(),
+                      .on_nonfinite = NonFinitePolicyOf(spec.on_nonfinite())};
   for (int i = spec.state_count() + num_grad_acc; i < batch_program.inputs_size(); ++i) {
     const auto& sharding = batch_program.inputs(i).sharding();
     run.batch_sharding.emplace_back(sharding.begin(), sharding.end());
   }
   for (const v1::TelemetryDeclaration& declared : spec.telemetry()) {
-    worker::TelemetryOutput output{.name = declared.name()};
+    worker::TelemetryOutput output{.name = declared.name(), .output = declared.output()};
     ASSIGN_OR_RETURN(output.combine,
                      telemetry::ParseCombine(absl::AsciiStrToLower(
                          v1::Combine_Name(declared.combine()).substr(strlen("COMBINE_")))));
     if (declared.has_threshold()) output.threshold = declared.threshold();
     for (const v1::TensorSpec& out : last_program.outputs()) {
-      if (out.name() == declared.name()) output.sharding = {out.sharding().begin(), out.sharding().end()};
+      if (out.name() == jobspec::TelemetryOutputName(declared)) output.sharding = {out.sharding().begin(), out.sharding().end()};
     }
     run.telemetry.push_back(std::move(output));
   }

@@ -444,6 +444,7 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
       request.set_state(v1::JOB_STATE_FAILED);
       request.set_error(std::string(result.error.message()));
       request.set_restore_failed(result.restore_failed);
+      request.set_nonfinite(result.nonfinite);
       break;
   }
   spdlog::info("job {} ended {} after step {}{}", job_id, worker::LoopOutcomeName(result.outcome),

@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 
-from meshrun.data import DTYPE_NAMES
+from meshrun.data import DTYPE_NAMES, leaf_name as _leaf_name
 
 
 def portable_artifact(jitted, args, platforms=None):
@@ -69,11 +69,6 @@ def dropped_inputs(jitted, args, platforms=None):
     if not names or len(kept) != main.count("%arg") or not kept <= set(names):
         return None
     return [i for i, name in enumerate(names) if name not in kept]
-
-
-def _leaf_name(path):
-    return "".join(f".{k.key}" if hasattr(k, "key") else
-                   f".{k.name}" if hasattr(k, "name") else f".{k.idx}" for k in path)
 
 
 def entries(tree, shardings, mesh, roles, prefix):

@@ -139,7 +139,8 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
         if not combine:
             raise BundleError(f"{path}: telemetry[{i}].combine \"{t.combine}\" is not mean, max, "
                               "min, sum or last")
-        spec.telemetry.add(name=t.output, shape=t.shape, combine=combine, caption=t.caption)
+        spec.telemetry.add(name=t.name or t.output, output=t.output, shape=t.shape,
+                           combine=combine, caption=t.caption)
     if parsed.HasField("sparse_attention"):
         s, sa = parsed.sparse_attention, spec.sparse_attention
         for key in ("seq_len", "causal", "window_left", "window_right", "block_q", "block_kv",
@@ -153,6 +154,7 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
             setattr(sa, table + "_input", name)
     spec.telemetry_cadence = cadence
     spec.steps = steps
+    spec.data.vocab_size = parsed.vocab_size
     if data is None:
         spec.data.example_bundle = os.path.abspath(path)
     elif data == "synthetic":

@@ -9,6 +9,7 @@ defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
 Errors are grpc.RpcError (the server's status code and message) or meshrun.BundleError."""
 import os
 import time
+import warnings
 
 import grpc
 
@@ -16,6 +17,9 @@ from meshrun.bundle import job_spec_from_bundle
 from meshrun.checkpoints import apply_checkpoint_options
 from meshrun.errors import BundleError
 from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
+
+_NONFINITE = {"fail": job_pb2.NONFINITE_FAIL, "warn": job_pb2.NONFINITE_WARN,
+              "ignore": job_pb2.NONFINITE_IGNORE}
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 COORDINATOR_TLS_NAME = "meshrun-coordinator"  # rpc/cert_authority.h kCoordinatorDnsName
@@ -65,7 +69,7 @@ class Client:
     # ------------------------------------------------------------------ jobs
     def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0,
                checkpoint_dir=None, checkpoint_every=100, keep_checkpoints=3, resume_from=None,
-               max_restarts=None):
+               max_restarts=None, on_nonfinite="fail"):
         """job: a bundle directory (or its job.json) or a meshrun.v1.job_pb2.JobSpec.
         Returns the job id. data: None = the bundle's batches, "synthetic", an array-batch
         file (meshrun.data.write_arrays: the step's batch inputs), or a token shard glob.
@@ -74,8 +78,15 @@ class Client:
         `checkpoint_every`-th step and the last, the newest `keep_checkpoints` kept (0 = all);
         resume_from: a committed step directory, a checkpoint directory (its newest step) or a
         job id (its newest committed checkpoint); max_restarts: automatic restarts from the last
-        checkpoint (None = the coordinator's default, 0 = never). A JobSpec gets these options
-        on a copy; steps, cadence, data and host_replicas apply to bundles only."""
+        checkpoint (None = the coordinator's default, 0 = never). on_nonfinite: what a logging
+        step whose loss, grad norm or other scalar series is NaN or infinite does: "fail" (the
+        job ends FAILED naming the step and series; checkpoints kept), "warn" or "ignore".
+        A JobSpec gets these options on a copy; steps, cadence, data and host_replicas apply
+        to bundles only. Warnings the coordinator accepted the job despite (an array file
+        without a header) are issued as Python warnings."""
+        policy = _NONFINITE.get(on_nonfinite)
+        if policy is None:
+            raise ValueError(f"on_nonfinite={on_nonfinite!r} is not one of {sorted(_NONFINITE)}")
         options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                        keep_checkpoints=keep_checkpoints, resume_from=resume_from,
                        max_restarts=max_restarts, get_job=self._job_to_resume)
@@ -86,7 +97,11 @@ class Client:
         else:
             spec = job_spec_from_bundle(os.fspath(job), steps=steps, cadence=cadence, data=data,
                                         host_replicas=host_replicas, **options)
-        return self._call("SubmitJob", coordinator_pb2.SubmitJobRequest(spec=spec)).job_id
+        spec.on_nonfinite = policy
+        response = self._call("SubmitJob", coordinator_pb2.SubmitJobRequest(spec=spec))
+        for warning in response.warnings:
+            warnings.warn(f"{response.job_id}: {warning}", stacklevel=2)
+        return response.job_id
 
     def _job_to_resume(self, job_id):
         try:

@@ -1,8 +1,8 @@
 """Data files workers read (docs/data.md).
 
-write_arrays: the array-batch file of a bundle (job.json "data"): for each batch in order, each
-array of the batch in the job's input order (the pytree's leaf order), raw little-endian,
-row-major, no header or padding. Shapes and dtypes live in job.json's data.arrays."""
+write_arrays: a typed array-batch file (job.json "data", or `--data`): a header naming each
+array, its dtype and shape, then for each batch in order each array of the batch in the job's
+input order (the pytree's leaf order), raw little-endian, row-major."""
 import numpy as np
 
 # numpy dtype name -> meshrun dtype name (runtime/types.cc)
@@ -11,29 +11,90 @@ DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64"
                "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "pred"}
 
 
-def _leaves(batch):
+def leaf_name(path):
+    """A pytree key path as meshrun names it: ".tokens", ".0", ".layer.w"."""
+    return "".join(f".{k.key}" if hasattr(k, "key") else
+                   f".{k.name}" if hasattr(k, "name") else f".{k.idx}" for k in path)
+
+
+def _named_leaves(batch, prefix):
+    """[(name, leaf)] in the job's input order: prefix + the leaf's pytree path."""
     try:
         import jax
-        return jax.tree.leaves(batch)
     except ImportError:  # a flat dict or list of arrays without JAX
-        return list(batch.values()) if isinstance(batch, dict) else list(batch)
+        items = batch.items() if isinstance(batch, dict) else enumerate(batch)
+        return [(f"{prefix}.{k}", v) for k, v in items]
+    return [(prefix + leaf_name(p), v) for p, v in jax.tree_util.tree_flatten_with_path(batch)[0]]
 
 
-def write_arrays(path, batches):
-    """Writes batches (a list of pytrees of arrays with identical structure, shapes and dtypes)
-    to `path`; returns the number of batches. ValueError names the batch and array that differs."""
-    first = None
+ARRAY_MAGIC = b"MRARRAYS"
+ARRAY_VERSION = 1
+_ARRAY_PREFIX = "<8sII"  # magic, format version, header bytes (prefix + JSON, a multiple of 64)
+
+
+def write_arrays(path, batches, *, prefix="batch"):
+    """Writes batches (a list of pytrees of arrays with identical structure, shapes and dtypes:
+    the job's global batches) to `path` as a typed array file (docs/data.md): a header naming
+    each array (prefix + its pytree path, as meshrun.export names the step's batch inputs),
+    its dtype and shape, the batch count and the batches' sha256, then the batches. The
+    coordinator refuses at submit a file whose arrays are not the ones the program takes.
+    Returns the number of batches. ValueError names the batch and array that differs."""
+    import hashlib
+    import json
+    import struct
+
+    batches = list(batches)
+    first, layout0 = None, None
+    for b, batch in enumerate(batches):
+        named = [(n, np.asarray(x)) for n, x in _named_leaves(batch, prefix)]
+        layout = [(n, x.shape, x.dtype) for n, x in named]
+        if first is None:
+            first, layout0 = named, layout
+        elif layout != layout0:
+            raise ValueError(f"batch {b} has arrays {layout}, batch 0 has {layout0}")
+    arrays = []
+    for name, x in first or []:
+        if x.dtype.name not in DTYPE_NAMES:
+            raise ValueError(f"array {name}: dtype {x.dtype} has no meshrun dtype "
+                             f"({', '.join(DTYPE_NAMES)})")
+        arrays.append({"name": name, "dtype": DTYPE_NAMES[x.dtype.name],
+                       "shape": [int(d) for d in x.shape]})
+
+    def header(sha):
+        text = json.dumps({"arrays": arrays, "batches": len(batches), "payload_sha256": sha})
+        size = -(-(struct.calcsize(_ARRAY_PREFIX) + len(text)) // 64) * 64
+        prefix_bytes = struct.pack(_ARRAY_PREFIX, ARRAY_MAGIC, ARRAY_VERSION, size)
+        return (prefix_bytes + text.encode()).ljust(size, b" ")
+
+    digest = hashlib.sha256()
     with open(path, "wb") as f:
-        for b, batch in enumerate(batches):
-            leaves = [np.asarray(x) for x in _leaves(batch)]
-            layout = [(x.shape, x.dtype) for x in leaves]
-            if first is None:
-                first = layout
-            elif layout != first:
-                raise ValueError(f"batch {b} has arrays {layout}, batch 0 has {first}")
-            for x in leaves:
-                f.write(np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<")).tobytes())
-    return 0 if first is None else len(batches)
+        f.write(header("0" * 64))  # the same length as the real one, written once it is known
+        for batch in batches:
+            for _, x in _named_leaves(batch, prefix):
+                x = np.asarray(x)
+                data = np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<")).tobytes()
+                digest.update(data)
+                f.write(data)
+        f.seek(0)
+        f.write(header(digest.hexdigest()))
+    return len(batches)
+
+
+def read_array_header(path):
+    """The header of a typed array file as a dict (arrays, batches, payload_sha256), or None
+    for a file written before typed files, whose layout nothing can check."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(struct.calcsize(_ARRAY_PREFIX))
+        if len(head) < struct.calcsize(_ARRAY_PREFIX) or head[:8] != ARRAY_MAGIC:
+            return None
+        _, version, size = struct.unpack(_ARRAY_PREFIX, head)
+        if version != ARRAY_VERSION:
+            raise ValueError(f"{path}: array file format version {version}; this meshrun reads "
+                             f"{ARRAY_VERSION}")
+        return json.loads(f.read(size - len(head)))
 
 
 _SHARD_HEADER = "<8sIIIIQQQ"  # magic, version, vocab, bos, token width (v2; v1: 0), tokens, docs, first doc

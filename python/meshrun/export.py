@@ -116,7 +116,8 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
            reference_steps=0, grad=None, apply=None, init_accumulator=None,
            accumulator_shardings=None, grad_accumulation=1, captions=None, series_order=None,
            extra_inputs=None, host_replicas=1, sparse_attention=None,
-           reference_series=("loss",), compile_options_jax=None, keep_unused=False, target=None):
+           reference_series=("loss",), compile_options_jax=None, keep_unused=False, target=None,
+           vocab_size=None):
     """Writes the bundle; returns {"job": path to job.json, "reference_loss": [...],
     "reference": the reference.json contents or None, "target": meshrun.tpu.check_fit's report
     or None}. With `target` ("v6e-8", "2xv6e-16", ...) each program is compiled for that TPU
@@ -157,7 +158,9 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     keep_unused (mode A): the step keeps inputs it does not read (e.g. a batch array it reads
     only through extra_inputs); off by default, as it also keeps dead code in the program. The
     worker feeds every input the job declares, so a program that dropped one is refused, named.
-    Mode B's grad always keeps its inputs (it may read only part of the state)."""
+    Mode B's grad always keeps its inputs (it may read only part of the state).
+    vocab_size (token models): the vocabulary batch.tokens index; token shards (--data) whose
+    header declares a larger one are refused at submit rather than trained on."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -242,6 +245,8 @@ def export(out_dir, *, init, step=None, mesh, state_shardings, batch_shardings, 
     if mode_b:
         job["grad_accumulation"] = int(grad_accumulation)
     job["seed"] = int(seed)
+    if vocab_size:
+        job["vocab_size"] = int(vocab_size)
     if data_file:
         job["data"] = _write_data(out_dir, data_file, batches, grad_accumulation, example_batch,
                                   batch_shardings, batch_entries, mesh, roles)

@@ -40,7 +40,7 @@ def test_save_and_resume_trains_like_jax(tmp_path, cluster):
     assert resumed.spec.HasField("max_restarts") and resumed.spec.max_restarts == 0
     deadline = time.monotonic() + 20
     while True:
-        rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
+        rows = client.export(job_id, names=["loss"], as_dataframe=False)
         if len(rows) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -60,7 +60,7 @@ def test_every_command_prints_json(tmp_path, cluster):
     while len(js("export", finished).stdout.splitlines()) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     check("export", js("export", finished),
-          lambda o: [s["step"] for s in o] == [1, 2, 3] and "metrics.loss" in o[0]["values"])
+          lambda o: [s["step"] for s in o] == [1, 2, 3] and "loss" in o[0]["values"])
     check("watch", js("watch", finished), lambda o: [int(s["step"]) for s in o] == [1, 2, 3]
           and all(s["tflops_per_device"] > 0 and "mfu" not in s for s in o))
     conflict = js("export", finished, "--format=csv")

@@ -99,7 +99,7 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     for summary in client.watch(job_id):
         steps.append(summary.step)
         for v in summary.values:
-            if v.name == "metrics.loss":
+            if v.name == "loss":
                 losses[summary.step] = v.values[0]
     manifest = client.wait(job_id, timeout=120)
     assert meshrun.v1.job_pb2.JobState.Name(manifest.state) == "JOB_STATE_SUCCEEDED", (
@@ -110,16 +110,16 @@ def test_convnet_trains_like_jax_through_client(tmp_path, cluster):
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
     assert job_id in [j.job_id for j in client.list()]
-    rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
+    rows = client.export(job_id, names=["loss"], as_dataframe=False)
     assert [r["value"] for r in rows] == pytest.approx(got, rel=1e-6)
     # pandas is in the venv (scripts/install_sdk.sh): the same rows as a DataFrame.
     import pandas
-    frame = client.export(job_id, names=["metrics.loss"], as_dataframe=True)
+    frame = client.export(job_id, names=["loss"], as_dataframe=True)
     assert isinstance(frame, pandas.DataFrame)
     assert list(frame.columns) == ["step", "name", "index", "value", "step_time_seconds",
                                    "wall_time_unix_micros"]
     assert frame["step"].tolist() == list(range(1, STEPS + 1))
-    assert set(frame["name"]) == {"metrics.loss"}
+    assert set(frame["name"]) == {"loss"}
     np.testing.assert_allclose(frame["value"].to_numpy(), got, rtol=1e-6)
     assert (frame["step_time_seconds"] > 0).all()
     worker_metrics = client.metrics()
@@ -204,7 +204,7 @@ def train_through_client(cluster, bundle, steps, **submit):
     import time
     deadline = time.monotonic() + 20
     while True:
-        rows = client.export(job_id, names=["metrics.loss"], as_dataframe=False)
+        rows = client.export(job_id, names=["loss"], as_dataframe=False)
         if len(rows) == steps or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -76,7 +76,7 @@ def test_watch_resumes_after_the_connection_drops_mid_job(cluster):
     seen, running_at_drop = [], None
     try:
         with meshrun.Client(proxy.address, timeout=10) as client:
-            for summary in client.watch(job_id, names=["metrics.loss"]):
+            for summary in client.watch(job_id, names=["loss"]):
                 assert not summary.HasField("rewind")
                 seen.append(summary.step)
                 if summary.step == drop_after:

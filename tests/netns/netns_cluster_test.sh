@@ -94,7 +94,7 @@ netns_link coord up
 await_job "$job" "state: JOB_STATE_SUCCEEDED\|state: JOB_STATE_FAILED" 1500 0.2 || true
 cli --output=textproto get "$job" >"$tmp/cut.txt"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/cut.txt" || fail "job 2 after the coordinator cut: $(cat "$tmp/cut.txt")"
-cli export "$job" --format=csv --series=metrics.loss --out="$tmp/cut.csv" 2>/dev/null \
+cli export "$job" --format=csv --series=loss --out="$tmp/cut.csv" 2>/dev/null \
   || fail "job 2: export failed"
 awk -F, -v steps=$steps 'FNR > 1 { n[$1]++ } END {
   for (s = 1; s <= steps; s++) if (n[s] != 1) { printf "step %d: %d rows\n", s, n[s]; bad = 1 }
@@ -137,7 +137,7 @@ new_incarnation=$(incarnations | tail -1)
 echo "   healed: host-b stopped job $job, registered again as $new_incarnation (was $old_incarnation)"
 # host-b's old incarnation sent summaries it had buffered while cut off; the coordinator
 # refused them (fenced), so the job's exported history holds each step at most once.
-cli export "$job" --format=csv --series=metrics.loss --out="$tmp/partition.csv" 2>/dev/null \
+cli export "$job" --format=csv --series=loss --out="$tmp/partition.csv" 2>/dev/null \
   || fail "job 3: export failed"
 [ "$(wc -l <"$tmp/partition.csv")" -gt 5 ] || fail "job 3: too few rows: $(cat "$tmp/partition.csv")"
 awk -F, 'FNR > 1 { if (++n[$1] > 1) { printf "step %s: %d rows\n", $1, n[$1]; bad = 1 } }

@@ -345,6 +345,7 @@ function renderJobHeader() {
   const slow = job?.state === 'JOB_STATE_RUNNING' ? (job.straggler_hosts || []) : [];
   $('#job-stragglers').textContent = slow.length ? `straggler: ${slow.join(', ')}` : '';
   $('#job-stragglers').dataset.stragglers = slow.join(' ');
+  $('#job-nonfinite').replaceChildren(...nonfiniteBadge(job));
   renderGoodput(job);
   const manifest = job ? JSON.stringify(job, null, 2) : '';
   if ($('#manifest').textContent !== manifest) $('#manifest').textContent = manifest;
@@ -386,6 +387,16 @@ function stragglers() {
   return byHost;
 }
 
+// A job whose loss (or another scalar series) stopped being finite: at which step, and which.
+function nonfiniteBadge(job) {
+  if (!Number(job?.nonfinite_step)) return [];
+  const policy = short(job.spec?.on_nonfinite || 'NONFINITE_FAIL', 'NONFINITE_');
+  return [el('span', {
+    class: 'badge nonfinite', 'data-nonfinite-step': job.nonfinite_step,
+    title: `on_nonfinite=${policy}: the job ${policy === 'fail' ? 'stopped there' : 'went on'}`,
+  }, `${job.nonfinite_series} not finite at step ${job.nonfinite_step}`)];
+}
+
 function stragglerBadge(hosts, title) {
   return el('span', { class: 'badge straggler', 'data-stragglers': hosts.join(' '), title },
     `straggler: ${hosts.join(', ')}`);
@@ -419,7 +430,7 @@ function renderJobs() {
     },
     el('td', { class: 'mono' }, job.job_id),
     el('td', {}, job.spec?.name || ''),
-    el('td', {}, el('span', { class: `badge ${state}` }, state),
+    el('td', {}, el('span', { class: `badge ${state}` }, state), ...nonfiniteBadge(job),
       ...(slow.length ? [stragglerBadge(slow, 'hosts slower than their peers in this job')] : [])),
     el('td', { class: 'num' }, `${step} / ${job.spec?.steps}`),
     el('td', { class: 'mono' }, mesh),
