@@ -7,28 +7,58 @@
 # torch + torchax for meshrun.torch in .venv-torch (scripts/install_torch.sh), and libtpu to
 # compile for TPU topologies on any host (scripts/fetch_libtpu.sh; MESHRUN_SKIP_LIBTPU=1 skips).
 # A second run installs nothing, downloads nothing and rewrites no shard.
+#
+#   scripts/setup.sh          everything, for the tests (scripts/test.sh, .ci/run)
+#   scripts/setup.sh --demo   only what scripts/demo.sh runs: the Debian packages the build
+#                             needs, the PJRT header and CPU plugin, the token shards and the
+#                             dashboard's npm packages. No JAX venv, SDK, Go modules, torch,
+#                             libtpu or test-only tools (clang, chromium, promtool, buildah,
+#                             curl, libFuzzer); a later run without --demo adds them.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode=full
+case "${1:-}" in
+  "") ;;
+  --demo) mode=demo ;;
+  *) echo "usage: scripts/setup.sh [--demo]" >&2; exit 2 ;;
+esac
 
+# What the build and the demo need. GoogleTest too: the demo builds only its binaries, but in
+# the same tree, configured as the tests configure it, so the test command builds the rest.
 packages=(
-  build-essential cmake ninja-build pkg-config ccache clang
+  build-essential cmake ninja-build pkg-config ccache
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libc-ares-dev libssl-dev libgtest-dev googletest libsqlite3-dev
   libgloo-dev libcpp-httplib-dev
-  python3 python3-venv python3-pip
-  fortunes chromium curl
+  python3 python3-pip
+  fortunes
 )
 # Checkpoints: zstd, to read the chunks Orbax compresses (checkpoint/orbax_read.cc).
 packages+=(libzstd-dev)
-# multihost (issue 18): buildah, to build and run the container image from scratch without a
-# registry (deploy/container/build_image.sh, container_test).
-packages+=(buildah)
-# sdk (issue 17): promtool, from Debian's prometheus package (no separate promtool package in
-# Debian 12), checks a live /metrics in sdk_promtool_test. Where systemd runs, the package
-# also enables a Prometheus server on :9090 (`systemctl disable --now prometheus` stops it).
-packages+=(prometheus)
-# Node.js: Debian's, unless a node with npm is already installed.
+# Node.js: Debian's, unless a node with npm is already installed (the dashboard's bundler).
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+# The token shards need numpy: the demo takes Debian's rather than the JAX venv's, unless a
+# full set-up already made that venv.
+shard_python="$root/.venv/bin/python"
+if [ "$mode" = demo ] && ! "$shard_python" -c 'import numpy' 2>/dev/null; then
+  packages+=(python3-numpy)
+  shard_python=/usr/bin/python3
+fi
+if [ "$mode" = full ]; then
+  # For the tests only: the venvs; clang (thread-safety build, sanitizers); chromium (the
+  # dashboard's browser tests); curl (the shell tests' HTTP calls).
+  packages+=(python3-venv clang chromium curl)
+  # multihost (issue 18): buildah, to build and run the container image from scratch without
+  # a registry (deploy/container/build_image.sh, container_test).
+  packages+=(buildah)
+  # sdk (issue 17): promtool, from Debian's prometheus package (no separate promtool package
+  # in Debian 12), checks a live /metrics in sdk_promtool_test. Where systemd runs, the
+  # package also enables a Prometheus server on :9090 (`systemctl disable --now prometheus`
+  # stops it).
+  packages+=(prometheus)
+  # fuzz (issue 16): libFuzzer's runtime for Debian's clang 14 (fuzz/, scripts/fuzz.sh).
+  packages+=(libclang-rt-14-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,13 +73,16 @@ else
   echo "setup: Debian packages present"
 fi
 
-PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
+# The demo needs the header and the plugin, not the JAX venv (its bundle is committed).
+skip_jax="${MESHRUN_SKIP_JAX:-0}"
+[ "$mode" = full ] || skip_jax=1
+MESHRUN_SKIP_JAX="$skip_jax" PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_pjrt.sh"
 # libtpu, to compile for TPU topologies on this host (meshrun compile, the tpu tests): about
 # 400 MB downloaded once into ~/.cache/meshrun. The demo skips it.
-if [ "${MESHRUN_SKIP_LIBTPU:-0}" != 1 ]; then
+if [ "$mode" = full ] && [ "${MESHRUN_SKIP_LIBTPU:-0}" != 1 ]; then
   PYTHON="${PYTHON:-/usr/bin/python3}" bash "$root/scripts/fetch_libtpu.sh"
 fi
-"$root/.venv/bin/python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
+"$shard_python" "$root/examples/make_token_shards.py" --out="$root/.data/fortunes"
 
 # The dashboard's npm packages (uPlot, esbuild, playwright-core), reinstalled only when
 # package-lock.json changed. The build bundles them (web/CMakeLists.txt).
@@ -61,6 +94,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
   echo "$lock_sum" >"$stamp"
 else
   echo "setup: web/node_modules present"
+fi
+if [ "$mode" = demo ]; then
+  echo "setup: done (the demo's part; without --demo it adds what the tests need)"
+  exit 0
 fi
 # multihost (issue 18): the Go modules of the GKE manifest check (deploy/gke/check, go.sum
 # committed), fetched once so its test runs offline. Needs Go >= 1.22 (Debian 12's golang-go
@@ -81,13 +118,5 @@ bash "$root/scripts/install_sdk.sh"
 bash "$root/scripts/install_torch.sh"
 if [ "${MESHRUN_SKIP_TORCH:-0}" != 1 ]; then
   MESHRUN_VENV="$root/.venv-torch" bash "$root/scripts/install_sdk.sh"
-fi
-# --- fuzz (issue 16): libFuzzer's runtime for Debian's clang 14 (fuzz/, scripts/fuzz.sh).
-if ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed"; then
-  echo "setup: installing Debian package libclang-rt-14-dev (libFuzzer)"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libclang-rt-14-dev
 fi
 echo "setup: done"
