@@ -119,8 +119,9 @@ int PrintCommand(const std::string& name) {
   return 0;
 }
 
+// --helpfull stays absl's: every flag of the binary, which tools read.
 bool IsHelpFlag(const char* arg) {
-  for (const char* help : {"--help", "-help", "-h", "--helpfull", "--helpshort"}) {
+  for (const char* help : {"--help", "-help", "-h", "--helpshort"}) {
     if (std::strcmp(arg, help) == 0) return true;
   }
   return false;

@@ -14,7 +14,8 @@ const char* GlobalUsage();
 // "health, workers, submit, ...": every command's name, for errors.
 std::string CommandList();
 
-// When argv asks for help (`meshrun help [command]`, or `--help`/`-h`/`--helpfull` anywhere),
+// When argv asks for help (`meshrun help [command]`, or `--help`/`-h` anywhere; `--helpfull`
+// is left to absl: every flag),
 // prints it to stdout and returns the exit code (0; 2 for an unknown command, naming the known
 // ones). Returns -1 when argv does not ask for help. Reads the flags' help and defaults from
 // absl's registry, so call it after every flag is linked in (from main).

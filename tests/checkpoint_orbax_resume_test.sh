@@ -25,7 +25,7 @@ pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "the worker did not register"
 
 mlp="$src/examples/mlp_classifier/dp4_tp2/job.json"
-cli submit "$mlp" --steps=30 --cadence=1 --resume_from="$tmp/jax" --follow --wait=120s \
+cli submit "$mlp" --steps=30 --cadence=1 --resume_from="$tmp/jax" --follow --output=textproto --wait=120s \
   >"$tmp/resumed.txt" || fail "the resumed job did not succeed: $(cat "$tmp/resumed.txt")"
 grep -q "restored_step: 20" "$tmp/resumed.txt" || fail "no restored_step: $(cat "$tmp/resumed.txt")"
 cli export "$(field job_id <"$tmp/resumed.txt")" --format=csv --series=loss \

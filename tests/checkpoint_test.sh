@@ -40,7 +40,7 @@ mkdir -p "$ck"
 run() {  # bundle, name, flags...: a job that must succeed; its loss curve in $tmp/<name>.csv
   local bundle=$1 name=$2
   shift 2
-  cli submit "$bundle" --cadence=1 --follow --wait=300s "$@" >"$tmp/$name.txt" \
+  cli submit "$bundle" --cadence=1 --follow --output=textproto --wait=300s "$@" >"$tmp/$name.txt" \
     || fail "$name did not succeed: $(cat "$tmp/$name.txt")"
   cli export "$(field job_id <"$tmp/$name.txt")" --format=csv --series=loss \
     --out="$tmp/$name.csv" 2>/dev/null || fail "$name: export failed"
@@ -100,7 +100,7 @@ refused "error: --max_restarts is -2; it must be >= 0" "$mlp/dp8/job.json" --max
 refused "spec.resume_from holds no array state" "$src/examples/transformer_lm/dp8/job.json" \
   --resume_from="$ck/30"
 printf '\x7f' | dd of="$ck/30/params.w1/0.0" bs=1 seek=5 conv=notrunc 2>/dev/null
-cli submit "$mlp/dp8/job.json" --steps=40 --resume_from="$ck/30" --follow --wait=120s \
+cli submit "$mlp/dp8/job.json" --steps=40 --resume_from="$ck/30" --follow --output=textproto --wait=120s \
   >"$tmp/corrupt.txt" 2>&1 && fail "a corrupted checkpoint was restored"
 grep -q "array state.params.w1 chunk 0.0.*corrupted" "$tmp/corrupt.txt" \
   || fail "corruption not named: $(grep error "$tmp/corrupt.txt")"

@@ -32,7 +32,7 @@ if cli workers --job=job-404 >"$tmp/bad.txt" 2>&1; then fail "unknown job accept
 grep -q "job-404" "$tmp/bad.txt" || fail "unknown job not named: $(cat "$tmp/bad.txt")"
 
 # 2. Compiled on the worker, nothing streamed back to it.
-cli submit "$bundle" --steps=20 --cadence=10 --follow --wait=120s >"$tmp/job1.txt" \
+cli submit "$bundle" --steps=20 --cadence=10 --follow --output=textproto --wait=120s >"$tmp/job1.txt" \
   || fail "job did not succeed: $(cat "$tmp/job1.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job1.txt" || fail "job state"
 [ "$(field compiled_on <"$tmp/job1.txt")" = "tpu-host-0" ] || fail "not compiled on the worker"
@@ -42,7 +42,7 @@ cli workers --job=job-1 >"$tmp/workers.txt" || fail "workers --job failed"
 grep "^no-plugin " "$tmp/workers.txt" | grep -q "excluded" || fail "job pin exclusion missing"
 
 # 3. The coordinator's persistent cache now holds them: no second compile anywhere.
-cli submit "$bundle" --steps=20 --cadence=10 --follow --wait=120s >"$tmp/job2.txt" \
+cli submit "$bundle" --steps=20 --cadence=10 --follow --output=textproto --wait=120s >"$tmp/job2.txt" \
   || fail "second job did not succeed: $(cat "$tmp/job2.txt")"
 grep -q "cache_hit: true" "$tmp/job2.txt" || fail "no cache hit"
 grep -q "compiled_on" "$tmp/job2.txt" && fail "a cache hit compiled again"

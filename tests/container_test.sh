@@ -85,7 +85,7 @@ run worker meshrun-worker --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
 pids+=($!)
 cli workers --expect=1 --wait=60s >"$tmp/workers.txt" || fail "the containerized worker did not register"
 grep -q "^container-0 .*ALIVE" "$tmp/workers.txt" || fail "workers: $(cat "$tmp/workers.txt")"
-cli submit "$src/examples/mlp_classifier/dp8/job.json" --steps=20 --cadence=10 --follow \
+cli submit "$src/examples/mlp_classifier/dp8/job.json" --steps=20 --cadence=10 --follow --output=textproto \
   --wait=120s >"$tmp/job.txt" || fail "the job did not succeed: $(cat "$tmp/job.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "job: $(cat "$tmp/job.txt")"
 echo "containers: coordinator healthy, worker container-0 registered, $(field job_id <"$tmp/job.txt") SUCCEEDED"

@@ -78,7 +78,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "$job after the restart: $(cat "$tmp/job.txt")"
-next=$(cli submit "$bundle" --steps=1 --follow --wait=60s | field job_id)
+next=$(cli submit "$bundle" --steps=1 --follow --output=textproto --wait=60s | field job_id)
 [ "$next" = "job-$(( ${job#job-} + 1 ))" ] || fail "a job submitted after the restart got id $next"
 
 # 6. The coordinator and the worker die together while a job runs; the worker stays away.

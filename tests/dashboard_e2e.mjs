@@ -34,7 +34,7 @@ try {
 
   const row = `#jobs tbody tr[data-job="${job}"]`;
   await page.waitForSelector(row, { timeout: 20000 });
-  const chart = '.chart[data-series="metrics.loss"]';
+  const chart = '.chart[data-series="loss"]';
   await page.waitForSelector(chart, { timeout: 20000 });
   const points = () => page.$eval(chart, (node) => Number(node.dataset.points));
   // The coordinator's view of the job (the table's badge is polled, so it may lag).
@@ -56,7 +56,7 @@ try {
   if (second <= first) fail(`the loss chart did not gain points (${first} -> ${second})`);
   if (firstState !== 'JOB_STATE_RUNNING') fail(`the job was ${firstState}, not running, at the first reading`);
 
-  await page.waitForFunction(() => Number(document.querySelector('.chart[data-series="metrics.sink_mass"]')?.dataset.points) >= 1,
+  await page.waitForFunction(() => Number(document.querySelector('.chart[data-series="sink_mass"]')?.dataset.points) >= 1,
     null, { timeout: 30000 });
   const selected = await page.$eval('#job-title', (node) => node.textContent);
   if (!selected.includes(job)) fail(`the dashboard shows "${selected}", not ${job}`);

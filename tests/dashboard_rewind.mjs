@@ -16,7 +16,7 @@ try {
   const page = await browser.newPage({ viewport: { width: 1360, height: 1000 } });
   page.on('pageerror', (error) => errors.push(String(error)));
   await page.goto(`${url}#job=${encodeURIComponent(job)}`, { waitUntil: 'load', timeout: 20000 });
-  const chart = '.chart[data-series="metrics.loss"]';
+  const chart = '.chart[data-series="loss"]';
   await page.waitForSelector(chart, { timeout: 30000 });
   const state = () => page.evaluate(async (id) => (await (await fetch(`api/job?id=${id}`)).json()).state, job);
   const ended = ['JOB_STATE_SUCCEEDED', 'JOB_STATE_FAILED', 'JOB_STATE_CANCELLED'];

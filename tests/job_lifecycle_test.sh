@@ -37,7 +37,7 @@ done
 cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"
 
 # 1. Success.
-cli submit "$bundle" --steps=40 --cadence=10 --follow --wait=120s >"$tmp/job1.txt" \
+cli submit "$bundle" --steps=40 --cadence=10 --follow --output=textproto --wait=120s >"$tmp/job1.txt" \
   || fail "job 1 did not succeed: $(cat "$tmp/job1.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job1.txt" || fail "job 1 state"
 grep -q "cache_hit: true" "$tmp/job1.txt" && fail "job 1 should compile (cache miss)"
@@ -100,7 +100,7 @@ kill -TERM "$coordinator"; wait "$coordinator" || fail "coordinator did not drai
 coordinator=$!; pids+=("$coordinator")
 wait_for "$tmp/coordinator-2.log" "listening on port" || fail "coordinator did not restart"
 cli workers --expect=1 --wait=30s >/dev/null || fail "survivor did not re-register"
-cli submit "$bundle" --steps=20 --cadence=10 --follow --wait=120s >"$tmp/job5.txt" \
+cli submit "$bundle" --steps=20 --cadence=10 --follow --output=textproto --wait=120s >"$tmp/job5.txt" \
   || fail "job after restart did not succeed: $(cat "$tmp/job5.txt")"
 grep -q "cache_hit: true" "$tmp/job5.txt" || fail "no cache hit after restart"
 if [ "$survivor" = "$host1" ]; then

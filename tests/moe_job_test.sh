@@ -21,7 +21,7 @@ pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"
 
 # The MoE job: 20 steps of 2 grad micro-steps + apply, telemetry every step.
-cli submit "$bundle" --steps=20 --cadence=1 --follow --wait=300s >"$tmp/job.txt" \
+cli submit "$bundle" --steps=20 --cadence=1 --follow --output=textproto --wait=300s >"$tmp/job.txt" \
   || fail "MoE job did not succeed: $(cat "$tmp/job.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "job state: $(cat "$tmp/job.txt")"
 grep -q 'compile_mode: "B"' "$tmp/job.txt" || fail "compile mode is not B"

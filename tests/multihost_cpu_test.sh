@@ -42,7 +42,7 @@ if cli submit "$lm/dp8/job.json" --host_replicas=2 \
 fi
 grep -q "mesh.host_replicas.*compile mode B" "$tmp/bad1.txt" \
   || fail "mode A refusal unclear: $(cat "$tmp/bad1.txt")"
-cli submit "$moe/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --wait=60s \
+cli submit "$moe/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --output=textproto --wait=60s \
   >"$tmp/bad2.txt" 2>&1 && fail "3 replicas on 2 fitting hosts succeeded"
 grep -q "state: JOB_STATE_FAILED" "$tmp/bad2.txt" || fail "3 replicas: $(cat "$tmp/bad2.txt")"
 grep -q "needs 3 CPU hosts.*2 found.*host-8:" "$tmp/bad2.txt" \
@@ -52,7 +52,7 @@ grep -q "needs 3 CPU hosts.*2 found.*host-8:" "$tmp/bad2.txt" \
 run() {  # bundle, output name, extra flags...
   local bundle=$1 name=$2
   shift 2
-  cli submit "$bundle" --steps=50 --cadence=1 --follow --wait=600s "$@" >"$tmp/$name.txt" \
+  cli submit "$bundle" --steps=50 --cadence=1 --follow --output=textproto --wait=600s "$@" >"$tmp/$name.txt" \
     || fail "$name did not succeed: $(cat "$tmp/$name.txt")"
   grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/$name.txt" || fail "$name: $(cat "$tmp/$name.txt")"
   local job
@@ -91,7 +91,7 @@ compare "$tmp/one_by_8.csv" "$tmp/two_by_4.csv" 50 "2x4 vs 1x8 on real text" \
   || fail "2 x 4 does not reproduce 1 x 8"
 
 # 4. The bundle's batches against JAX's simulation of the two hosts.
-cli submit "$moe/dp4x2/job.json" --steps=20 --cadence=1 --follow --wait=600s >"$tmp/bundle.txt" \
+cli submit "$moe/dp4x2/job.json" --steps=20 --cadence=1 --follow --output=textproto --wait=600s >"$tmp/bundle.txt" \
   || fail "dp4x2 on the bundle's data did not succeed: $(cat "$tmp/bundle.txt")"
 job=$(field job_id <"$tmp/bundle.txt")
 cli export "$job" --format=csv --series=loss --out="$tmp/bundle.csv" 2>/dev/null \

@@ -52,7 +52,7 @@ same_losses() {
     "$tmp/plain.csv" "$tmp/$1.csv"
 }
 
-cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --follow --wait=300s \
+cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --follow --output=textproto --wait=300s \
   >"$tmp/plain.txt" || fail "the uninterrupted run failed: $(cat "$tmp/plain.txt")"
 export_loss "$(field job_id <"$tmp/plain.txt")" "$tmp/plain.csv"
 

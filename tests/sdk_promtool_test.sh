@@ -22,7 +22,7 @@ http=$(sed -n 's/.*HTTP on port \([0-9]*\).*/\1/p' "$tmp/coordinator.log" | head
   --state_dir="$tmp/worker-0" --cpu_devices=1 --log_format=json >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"
-cli submit "$src/examples/mlp_classifier/dp1/job.json" --steps=10 --cadence=1 --follow \
+cli submit "$src/examples/mlp_classifier/dp1/job.json" --steps=10 --cadence=1 --follow --output=textproto \
   --wait=120s >/dev/null || fail "the job did not succeed"
 
 curl -sf "http://127.0.0.1:$http/metrics" >"$tmp/metrics.txt" || fail "/metrics"

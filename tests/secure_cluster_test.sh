@@ -107,7 +107,7 @@ grep -q "PERMISSION_DENIED" "$tmp/bad.txt" && grep -q "needs role submit" "$tmp/
 
 # 3. The main job path over mTLS.
 echo "$submit_token" >"$tmp/submit.token"
-scli --token_file="$tmp/submit.token" submit "$bundle" --steps=20 --cadence=5 --follow \
+scli --token_file="$tmp/submit.token" submit "$bundle" --steps=20 --cadence=5 --follow --output=textproto \
   --wait=300s >"$tmp/job.txt" || fail "job did not succeed: $(cat "$tmp/job.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "job state: $(cat "$tmp/job.txt")"
 job=$(field job_id <"$tmp/job.txt")
@@ -131,7 +131,7 @@ done
 worker3_pid=${pids[-1]}
 MESHRUN_TOKEN=$view_token scli workers --expect=4 --wait=30s >/dev/null || fail "4 workers"
 scli --token_file="$tmp/submit.token" submit "$src/examples/transformer_lm/dp4x2/job.json" \
-  --host_replicas=2 --steps=3 --cadence=1 --follow --wait=300s >"$tmp/replicas.txt" \
+  --host_replicas=2 --steps=3 --cadence=1 --follow --output=textproto --wait=300s >"$tmp/replicas.txt" \
   || fail "host-replica job: $(cat "$tmp/replicas.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/replicas.txt" || fail "replicas: $(cat "$tmp/replicas.txt")"
 if grep "refused" "$tmp/coordinator.log" | grep -q "collectives/"; then fail "a member's key refused"; fi

@@ -28,7 +28,7 @@ pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"
 
 # 1. 200 steps, telemetry every step (the 20 batches cycle, so cadence 10 would see only two).
-cli submit "$bundle" --steps=$steps --cadence=1 --follow --wait=400s >"$tmp/job.txt" \
+cli submit "$bundle" --steps=$steps --cadence=1 --follow --output=textproto --wait=400s >"$tmp/job.txt" \
   || fail "sparse job did not succeed: $(cat "$tmp/job.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job.txt" || fail "job state: $(cat "$tmp/job.txt")"
 [ "$(field last_step <"$tmp/job.txt")" = "$steps" ] || fail "last_step"
@@ -50,7 +50,7 @@ grep -q "Metric: ExecuteTime" "$tmp/metrics.txt" || fail "no ExecuteTime"
 # 3. active_tile_fraction is the third series: at every step it equals what JAX computed for
 #    that step's batch (reference.json, 20 batches cycled), and it moves.
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" || fail "watch failed: $(cat "$tmp/watch.txt")"
-grep -q "metrics.active" "$tmp/watch.txt" \
+grep -q "active_tile_fr" "$tmp/watch.txt" \
   || fail "no active_tile_fraction column: $(cat "$tmp/watch.txt")"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$tmp/watch.txt" | wc -l)
 [ "$rows" -eq $steps ] || fail "watch rows $rows: $(cat "$tmp/watch.txt")"

@@ -24,7 +24,7 @@ await_coordinator "$tmp/coordinator.log"
   --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "the worker did not register"
-cli submit "$bundle" --steps=20 --cadence=5 --follow --wait=120s >"$tmp/job.txt" \
+cli submit "$bundle" --steps=20 --cadence=5 --follow --output=textproto --wait=120s >"$tmp/job.txt" \
   || fail "job did not succeed: $(cat "$tmp/job.txt")"
 job=$(sed -n 's/^job_id: "\(.*\)"$/\1/p' "$tmp/job.txt" | head -1)
 [ -n "$job" ] || fail "no job id in $(head -5 "$tmp/job.txt")"

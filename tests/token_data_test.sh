@@ -25,7 +25,7 @@ pids+=($!)
 cli workers --expect=1 --wait=30s >/dev/null || fail "worker did not register"
 
 # 1. Token shards: SUCCEEDED with the receipt.
-cli submit "$bundle" --data="$tmp/shards/*.tok" --steps=20 --cadence=10 --follow --wait=300s \
+cli submit "$bundle" --data="$tmp/shards/*.tok" --steps=20 --cadence=10 --follow --output=textproto --wait=300s \
   >"$tmp/job1.txt" || fail "token-shard job did not succeed: $(cat "$tmp/job1.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job1.txt" || fail "job 1 state"
 grep -q "token_shards_glob: \"$tmp/shards/\*.tok\"" "$tmp/job1.txt" || fail "job 1 glob"
@@ -59,7 +59,7 @@ grep -q "$last: truncated" "$tmp/bad2.txt" || fail "corrupt refusal unclear: $(c
 [ "$(cli list | wc -l)" = "$before" ] || fail "a refused submission created a job"
 
 # 3. Synthetic by name: marked in the receipt and in every summary.
-cli submit "$bundle" --data=synthetic --steps=20 --cadence=10 --follow --wait=300s \
+cli submit "$bundle" --data=synthetic --steps=20 --cadence=10 --follow --output=textproto --wait=300s \
   >"$tmp/job2.txt" || fail "synthetic job did not succeed: $(cat "$tmp/job2.txt")"
 grep -q "synthetic: true" "$tmp/job2.txt" || fail "synthetic receipt not marked"
 grep -q "files:" "$tmp/job2.txt" && fail "synthetic receipt lists files"

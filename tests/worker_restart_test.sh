@@ -26,7 +26,7 @@ start_worker worker-1 127.0.0.1:0
 wport=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/worker-1.log" | head -1)
 
 # A first job opens the coordinator's channel to the worker.
-cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job1.txt" \
+cli submit "$bundle" --steps=5 --cadence=5 --follow --output=textproto --wait=120s >"$tmp/job1.txt" \
   || fail "job 1 did not succeed: $(cat "$tmp/job1.txt")"
 
 for round in 2 3; do
@@ -36,7 +36,7 @@ for round in 2 3; do
   dead=$(cli submit "$bundle" --steps=5 --cadence=5)
   await_job "$dead" "state: JOB_STATE_FAILED" 100 || fail "job $dead to a dead worker did not fail"
   start_worker "worker-$round" "127.0.0.1:$wport"
-  cli submit "$bundle" --steps=5 --cadence=5 --follow --wait=120s >"$tmp/job$round.txt" \
+  cli submit "$bundle" --steps=5 --cadence=5 --follow --output=textproto --wait=120s >"$tmp/job$round.txt" \
     || fail "job $round, after the restart at 127.0.0.1:$wport, did not succeed: $(cat "$tmp/job$round.txt")"
   grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/job$round.txt" || fail "job $round state"
   # The failed job's StartJob, if it waited for the address, is refused by the new process.

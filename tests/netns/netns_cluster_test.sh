@@ -30,7 +30,7 @@ done
 ip -4 addr | grep -q "10\.213\.0\." && fail "10.213.0.0/24 leaked into the root namespace"
 
 # 1. The main job across the namespaces.
-cli submit "$lm/dp4x2/job.json" --steps=5 --cadence=1 --follow --wait=300s \
+cli submit "$lm/dp4x2/job.json" --steps=5 --cadence=1 --follow --output=textproto --wait=300s \
   --data="$tmp/shards/*.tok" >"$tmp/main.txt" || fail "dp4x2 failed: $(cat "$tmp/main.txt")"
 grep -q "state: JOB_STATE_SUCCEEDED" "$tmp/main.txt" || fail "dp4x2: $(cat "$tmp/main.txt")"
 for host in host-a host-b; do
@@ -47,7 +47,7 @@ for host in host-a:0 host-b:1; do
   grep -q "multislice: slice ${host#*:} of 2; the runtime gets MEGASCALE_COORDINATOR_ADDRESS=10.213.0.11 MEGASCALE_NUM_SLICES=2 MEGASCALE_PORT=8080 MEGASCALE_SLICE_ID=${host#*:}" \
     "$tmp/${host%:*}.log" || fail "${host%:*} did not export its MEGASCALE_* settings"
 done
-cli submit "$lm/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --wait=60s \
+cli submit "$lm/dp4x2/job.json" --host_replicas=3 --steps=2 --follow --output=textproto --wait=60s \
   --data="$tmp/shards/*.tok" >"$tmp/three.txt" 2>&1 && fail "3 replicas over 2 slices succeeded"
 grep -q "mesh.host_replicas is 3 but the hosts form 2 slices" "$tmp/three.txt" \
   || fail "3 replicas over 2 slices: unclear refusal: $(cat "$tmp/three.txt")"
