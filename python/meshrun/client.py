@@ -2,7 +2,7 @@
 
 Every call has a deadline (`timeout` seconds). TLS: pass `tls_ca` (root certificates file) and,
 for mutual TLS, `tls_cert` + `tls_key`; `token` is sent as `authorization: Bearer <token>` on
-every call. With TLS the server must present the coordinator's certificate (its DNS name
+every call, and only over TLS (a token without tls_ca is refused). With TLS the server must present the coordinator's certificate (its DNS name
 meshrun-coordinator, which `meshrun certs issue` gives coordinators only), so a worker or any
 other cluster member at that address is refused before the token is sent. The address
 defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
@@ -40,6 +40,9 @@ class Client:
         self.timeout = timeout
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key go together (mutual TLS)")
+        if token and not (tls_ca or tls_cert):
+            raise ValueError("token= needs TLS (tls_ca= at least): a bearer token is never sent "
+                             "in plaintext, where anyone on the path could read and replay it")
         if tls_ca or tls_cert:
             creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca),
                                                  private_key=_read(tls_key),

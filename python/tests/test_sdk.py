@@ -255,3 +255,9 @@ def test_separate_array_file_trains_like_jax(tmp_path, cluster):
     with pytest.raises(grpc.RpcError) as refused:
         cluster.client.submit(str(bundle), data=str(bad))
     assert "data.array_file" in refused.value.details(), refused.value.details()
+
+
+def test_client_never_sends_a_token_in_plaintext():
+    """Security review item 12 (issue 27): a token without TLS is refused before any call."""
+    with pytest.raises(ValueError, match="token= needs TLS"):
+        meshrun.Client("127.0.0.1:1", token="secret")
