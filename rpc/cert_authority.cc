@@ -8,7 +8,9 @@
 #include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +20,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/security_policy.h"
 
@@ -87,9 +90,16 @@ absl::StatusOr<Cert> NewCert(EVP_PKEY* key, const std::string& common_name, int 
 
 absl::Status WritePem(const std::string& path, bool is_key, EVP_PKEY* key, X509* cert) {
   const std::string temp = path + ".tmp";
-  FILE* f = std::fopen(temp.c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", temp));
-  if (is_key) chmod(temp.c_str(), 0600);
+  // A key is 0600 from its first byte (never created readable, then narrowed): a fresh file,
+  // never a leftover or a link someone else placed.
+  unlink(temp.c_str());
+  const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                      is_key ? 0600 : 0644);
+  FILE* f = fd < 0 ? nullptr : fdopen(fd, "w");
+  if (f == nullptr) {
+    if (fd >= 0) close(fd);
+    return absl::InternalError(absl::StrCat("cannot write ", temp));
+  }
   const int ok = is_key ? PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr)
                         : PEM_write_X509(f, cert);
   std::fclose(f);
@@ -152,9 +162,17 @@ absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--name=", request.name, ": use letters, digits, '-', '.' and '_' only"));
   }
-  if (request.name == kCoordinatorDnsName && request.role != "coordinator") {
+  // DNS names match without case and with a trailing dot: "MESHRUN-COORDINATOR" or
+  // "meshrun-coordinator." would pass a client's check for the coordinator.
+  if (request.name.front() == '.' || request.name.back() == '.') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--name=", request.name, ": a name may not start or end with '.'"));
+  }
+  if (absl::EqualsIgnoreCase(request.name, kCoordinatorDnsName) &&
+      request.role != "coordinator") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--name=", kCoordinatorDnsName, " is reserved for the coordinator's certificate"));
+        "--name=", request.name, ": ", kCoordinatorDnsName,
+        " (in any case) is reserved for the coordinator's certificate"));
   }
   std::ifstream cluster_file(request.ca_dir + "/cluster");
   std::string cluster;
@@ -193,6 +211,17 @@ absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request) {
       request.out_cert.empty() ? absl::StrCat(request.ca_dir, "/", request.name, ".pem") : request.out_cert;
   const std::string out_key =
       request.out_key.empty() ? absl::StrCat(request.ca_dir, "/", request.name, ".key") : request.out_key;
+  // The CA's own files are never overwritten (--name=ca, or --cert_out/--key_out naming them).
+  for (const std::string& out : {out_cert, out_key}) {
+    for (const char* own : {"ca.pem", "ca.key", "cluster"}) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(out, request.ca_dir + "/" + own, ec)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            out, " is the CA's ", own, ": give the certificate another --name (or --cert_out/"
+            "--key_out)"));
+      }
+    }
+  }
   // Key first: a watcher that sees the new certificate finds its key already in place.
   if (absl::Status s = WritePem(out_key, true, key->get(), nullptr); !s.ok()) return s;
   if (absl::Status s = WritePem(out_cert, false, nullptr, cert->get()); !s.ok()) return s;

@@ -608,5 +608,47 @@ TEST(SecurityBindTest, PlaintextNonLoopbackNeedsInsecure) {
   EXPECT_TRUE(ServingInsecurely());
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Security review, round two (issue 27), items 9, 10 and 13: `meshrun certs issue` writes keys
+// 0600 from the start, never overwrites the CA's own files, and gives no other role a name a
+// client would take for the coordinator's.
+TEST(SecurityCertsTest, IssueKeepsKeysPrivateAndTheCaIntact) {
+  const std::string ca = ::testing::TempDir() + "/certs_issue_" + std::to_string(getpid());
+  std::filesystem::remove_all(ca);
+  ASSERT_TRUE(CreateClusterCa(ca, "prod", 30).ok());
+  const std::string ca_key = ReadAll(ca + "/ca.key"), ca_pem = ReadAll(ca + "/ca.pem");
+  const mode_t old_umask = umask(0);  // what the process allows must not widen the key
+  absl::StatusOr<std::string> issued =
+      IssueCertificate({.ca_dir = ca, .role = "worker", .name = "host-0", .days = 30});
+  umask(old_umask);
+  ASSERT_TRUE(issued.ok()) << issued.status();
+  EXPECT_EQ(std::filesystem::status(ca + "/host-0.key").permissions() &
+                std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  for (const IssueRequest& request : std::vector<IssueRequest>{
+           {.ca_dir = ca, .role = "worker", .name = "ca"},
+           {.ca_dir = ca, .role = "admin", .name = "x", .out_key = ca + "/ca.key"},
+           {.ca_dir = ca, .role = "worker", .name = "x", .out_cert = ca + "/./ca.pem"}}) {
+    absl::Status refused = IssueCertificate(request).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << request.name;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "is the CA's")) << refused;
+  }
+  EXPECT_EQ(ReadAll(ca + "/ca.key"), ca_key);
+  EXPECT_EQ(ReadAll(ca + "/ca.pem"), ca_pem);
+  for (const std::string name : {"MESHRUN-COORDINATOR", "Meshrun-Coordinator",
+                                 "meshrun-coordinator.", ".meshrun-coordinator"}) {
+    absl::Status refused =
+        IssueCertificate({.ca_dir = ca, .role = "worker", .name = name}).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << name;
+  }
+  EXPECT_TRUE(IssueCertificate({.ca_dir = ca, .role = "coordinator", .name = "meshrun-coordinator"})
+                  .ok());
+  std::filesystem::remove_all(ca);
+}
+
 }  // namespace
 }  // namespace meshrun::services
