@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -117,18 +116,19 @@ absl::StatusOr<std::shared_ptr<const ArrayFile>> ArrayFile::Open(
         "write_arrays, which records each array's name, dtype and shape"));
   }
   file->records_ = payload / record_bytes;
-  // The receipt's hash over the whole file, and the payload's, in pieces, each dropped from
-  // the resident set after use.
+  // The receipt's hash over the whole file and, for a typed file, the payload's (checked
+  // against its header), in pieces, each dropped from the resident set after use.
   constexpr int64_t kPiece = 16 << 20;
+  const bool typed = file->header_.has_value();
   Sha256 whole, body;
   for (int64_t at = 0; at < size; at += kPiece) {
     const int64_t n = std::min(kPiece, size - at);
     whole.Update(absl::string_view(bytes + at, n));
     const int64_t from = std::max(at, file->payload_offset_);
-    if (from < at + n) body.Update(absl::string_view(bytes + from, at + n - from));
+    if (typed && from < at + n) body.Update(absl::string_view(bytes + from, at + n - from));
     madvise(const_cast<char*>(bytes) + at, n, MADV_DONTNEED);
   }
-  if (file->header_.has_value()) {
+  if (typed) {
     const std::string sha = body.HexDigest();
     if (sha != file->header_->payload_sha256()) {
       return absl::DataLossError(absl::StrCat(
