@@ -362,7 +362,7 @@ int RunTlsVsCeiling(const Options& options, const std::string& dir, std::string&
     if (auto t = transfer(tls_now); !t.ok()) return Fail("warm-up", t.status());
   }
   std::vector<double> plain_mbs, tls_mbs, ns_per_byte, ceiling_mbs, busy, tls_busy, extra_ns,
-      vs_plain, vs_ceiling;
+      vs_plain, vs_ceiling, cpu_vs_ceiling;
   for (int round = 0; round < options.rounds; ++round) {
     Transfer t[2];  // [0] plaintext, [1] TLS
     for (int k = 0; k < 2; ++k) {
@@ -384,6 +384,9 @@ int RunTlsVsCeiling(const Options& options, const std::string& dir, std::string&
     extra_ns.push_back((t[1].cpu - t[0].cpu - *cipher_cpu) * 1e9 / total_bytes);
     vs_plain.push_back(tls_mbs.back() / plain_mbs.back());
     vs_ceiling.push_back(tls_mbs.back() / ceiling);
+    // The same comparison in CPU alone (the ratio if both transfers had the same cores busy):
+    // what the ceiling spends, plaintext + cipher, over what the TLS transfer spent.
+    cpu_vs_ceiling.push_back((t[0].cpu + *cipher_cpu) / t[1].cpu);
     std::printf("round %d: plaintext %.0f MB/s (cpu %.3f s, %.2f cores busy), mutual TLS %.0f "
                 "MB/s (cpu %.3f s, %.2f cores busy); cipher %.3f ns/byte (%.3f s); ceiling %.0f "
                 "MB/s: x%.3f\n",
@@ -403,6 +406,7 @@ int RunTlsVsCeiling(const Options& options, const std::string& dir, std::string&
   std::printf("ceiling MB/s            %s\n", Spread(ceiling_mbs, 0).c_str());
   std::printf("TLS CPU beyond plaintext + cipher, ns/byte moved %s\n", Spread(extra_ns).c_str());
   std::printf("per-round TLS/plaintext %s\n", Spread(vs_plain).c_str());
+  std::printf("per-round CPU (plaintext + cipher)/TLS %s\n", Spread(cpu_vs_ceiling).c_str());
   std::printf("per-round TLS/ceiling   %s\n", Spread(vs_ceiling).c_str());
   std::printf("ratio distribution_tls_vs_ceiling %.4f\n", Median(vs_ceiling));
   return 0;
