@@ -16,4 +16,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
+bool RetryLater(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+}
+
 }  // namespace meshrun

@@ -11,4 +11,8 @@ namespace meshrun {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// True for a refusal worth retrying with backoff: the server unreachable, too slow, or busy
+// (RESOURCE_EXHAUSTED: its share of calls full). Reports a server waits for retry on these.
+bool RetryLater(const grpc::Status& status);
+
 }  // namespace meshrun

@@ -72,6 +72,17 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
         live->second.info.incarnation, ", heartbeating); a second worker cannot take its name: "
         "give it another --host, or stop the first"));
   }
+  if (auto owner = address_owner_.find(info.address);
+      owner != address_owner_.end() && owner->second != info.host) {
+    if (auto held = by_host_.find(owner->second);
+        held != by_host_.end() && held->second.state == WorkerState::kAlive) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "address ", info.address, " belongs to host ", owner->second, " (alive, incarnation ",
+          held->second.info.incarnation, "); host ", info.host,
+          " cannot register there: give it its own --listen address, or drain ", owner->second,
+          " first"));
+    }
+  }
   incarnation_host_[info.incarnation] = info.host;
   WorkerEntry& entry = by_host_[info.host];
   if (entry.state == WorkerState::kAlive && !entry.info.incarnation.empty()) {
@@ -83,6 +94,10 @@ absl::Status WorkerRegistry::Register(const WorkerInfo& info) {
   if (!entry.info.incarnation.empty()) {
     replaced_.emplace_back(config_.clock->Now(), entry.info.incarnation);
   }
+  if (!entry.info.address.empty() && entry.info.address != info.address) {
+    ReleaseAddressLocked(entry.info.address, info.host);
+  }
+  address_owner_[info.address] = info.host;
   entry = WorkerEntry{.info = info,
                       .state = WorkerState::kAlive,
                       .last_heartbeat = config_.clock->Now(),
@@ -143,6 +158,7 @@ absl::Status WorkerRegistry::Deregister(const std::string& host, const std::stri
   if (!entry.ok()) return entry.status();
   (*entry)->state = WorkerState::kLeft;
   (*entry)->state_reason = "deregistered (drained)";
+  ReleaseAddressLocked((*entry)->info.address, host);
   return absl::OkStatus();
 }
 
@@ -172,6 +188,7 @@ void WorkerRegistry::ForgetLocked(absl::Time now) {
     if (it->second.state != WorkerState::kAlive &&
         now - it->second.last_heartbeat >= config_.forget_after) {
       incarnation_host_.erase(it->second.info.incarnation);
+      ReleaseAddressLocked(it->second.info.address, it->first);
       it = by_host_.erase(it);
     } else {
       ++it;
@@ -185,6 +202,13 @@ std::vector<WorkerEntry> WorkerRegistry::ExpireOverdue() {
   std::vector<WorkerEntry> dead;
   dead.swap(newly_dead_);
   return dead;
+}
+
+void WorkerRegistry::ReleaseAddressLocked(const std::string& address, const std::string& host) {
+  if (auto owner = address_owner_.find(address);
+      owner != address_owner_.end() && owner->second == host) {
+    address_owner_.erase(owner);
+  }
 }
 
 std::vector<WorkerEntry> WorkerRegistry::List() {

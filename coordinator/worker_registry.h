@@ -5,7 +5,9 @@
 //                  └──(Deregister)──────────────────────────────> LEFT
 //
 // One entry per host: a host's newest incarnation. A new incarnation is a new member; the old
-// one is declared DEAD and never merged back. Liveness is judged against the injected clock,
+// one is declared DEAD and never merged back. One owner per address: the host that last
+// registered it and has not left; no other host may register there while the owner is alive
+// (security: two names at one address would let one worker stand in for another). Liveness is judged against the injected clock,
 // so tests move time by hand.
 //
 // Lifetime: Create() returns an owned registry; the clock must outlive it.
@@ -65,9 +67,10 @@ class WorkerRegistry {
   // Errors: INVALID_ARGUMENT when the timeout is not positive or the clock is null.
   static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(Config config);
 
-  // Adds `info` as the host's current incarnation.
+  // Adds `info` as the host's current incarnation and makes its host the address's owner.
   // Errors: INVALID_ARGUMENT (host, address or incarnation empty; named), ALREADY_EXISTS
-  // (this incarnation registered before: a restarted worker must bring a fresh one).
+  // (this incarnation registered before: a restarted worker must bring a fresh one; or another
+  // host, alive, owns the address: both named).
   absl::Status Register(const WorkerInfo& info);
 
   // Errors: NOT_FOUND (host unknown: register), FAILED_PRECONDITION (the incarnation is not
@@ -109,12 +112,16 @@ class WorkerRegistry {
   absl::Mutex mu_;
   std::map<std::string, WorkerEntry> by_host_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> incarnation_host_ ABSL_GUARDED_BY(mu_);  // every one seen
+  std::map<std::string, std::string> address_owner_ ABSL_GUARDED_BY(mu_);     // address -> host
   // Incarnations declared DEAD (timed out or replaced), not yet reported by ExpireOverdue.
   std::vector<WorkerEntry> newly_dead_ ABSL_GUARDED_BY(mu_);
   // Replaced incarnations, oldest first, with when: forgotten after Config::forget_after.
   std::deque<std::pair<absl::Time, std::string>> replaced_ ABSL_GUARDED_BY(mu_);
   // Forgets DEAD/LEFT hosts and replaced incarnations past Config::forget_after.
   void ForgetLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `host`'s ownership of `address`, if it holds it.
+  void ReleaseAddressLocked(const std::string& address, const std::string& host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace meshrun::coordinator

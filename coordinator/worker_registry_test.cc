@@ -126,5 +126,37 @@ TEST(WorkerRegistryFenceTest, OnlyTheCurrentAliveIncarnationPasses) {
   EXPECT_EQ((*registry)->CheckCurrent("a", "a1").code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// security (issue 27, item 1): one owner per address. Another host cannot register at a live
+// host's address (it would be called in that host's place); once the owner left or died, a new
+// host may take the address (an IP reused after a host was replaced).
+TEST_F(WorkerRegistryTest, AnAddressHasOneLiveOwner) {
+  WorkerRegistry* registry = registry_.get();
+  WorkerInfo owner{.host = "host-0", .address = "10.0.0.5:7071", .incarnation = "a1"};
+  ASSERT_TRUE(registry->Register(owner).ok());
+  WorkerInfo intruder{.host = "host-1", .address = "10.0.0.5:7071", .incarnation = "b1"};
+  const absl::Status refused = registry->Register(intruder);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(refused.message().find("belongs to host host-0"), absl::string_view::npos) << refused;
+  EXPECT_NE(refused.message().find("host host-1 cannot register"), absl::string_view::npos);
+  EXPECT_EQ(registry->List().size(), 1u);  // nothing of the refused one is kept
+  EXPECT_TRUE(registry->Heartbeat("host-0", "a1").ok());
+
+  // The owner restarts at another address (after going quiet): the old one is free.
+  clock_.Advance(absl::Seconds(8));
+  owner.incarnation = "a2";
+  owner.address = "10.0.0.6:7071";
+  ASSERT_TRUE(registry->Register(owner).ok());
+  intruder.incarnation = "b2";
+  ASSERT_TRUE(registry->Register(intruder).ok()) << "10.0.0.5 is no longer host-0's";
+
+  // A host that left owns nothing; one that died keeps its address until another takes it.
+  ASSERT_TRUE(registry->Deregister("host-1", "b2").ok());
+  WorkerInfo next{.host = "host-2", .address = "10.0.0.5:7071", .incarnation = "c1"};
+  EXPECT_TRUE(registry->Register(next).ok());
+  clock_.Advance(absl::Seconds(11));  // host-0 and host-2 declared DEAD
+  WorkerInfo replacement{.host = "host-3", .address = "10.0.0.6:7071", .incarnation = "d1"};
+  EXPECT_TRUE(registry->Register(replacement).ok());
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

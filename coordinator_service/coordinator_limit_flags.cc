@@ -28,6 +28,12 @@ ABSL_FLAG(int64_t, max_finished_jobs, 1000,
 ABSL_FLAG(int64_t, max_watch_streams, 1000,
           "WatchTelemetry streams served at once; more are refused (RESOURCE_EXHAUSTED); 0: "
           "unlimited");
+ABSL_FLAG(int64_t, max_watch_streams_per_identity, 100,
+          "WatchTelemetry streams one identity (a certificate's or token's role and name) may "
+          "hold at once; view callers together hold at most half of --max_watch_streams");
+ABSL_FLAG(int64_t, max_slow_calls_per_identity, 32,
+          "slow calls (see --max_slow_calls) one identity may have in flight at once; view "
+          "callers together at most half of --max_slow_calls");
 ABSL_FLAG(int64_t, max_upload_streams, 10000,
           "UploadTelemetry streams (workers' telemetry, one a worker) served at once; more are "
           "refused (RESOURCE_EXHAUSTED); 0: unlimited");
@@ -50,7 +56,9 @@ CoordinatorLimits CoordinatorLimitsFromFlags() {
           .max_finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs),
           .max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams),
           .max_upload_streams = absl::GetFlag(FLAGS_max_upload_streams),
-          .max_slow_calls = absl::GetFlag(FLAGS_max_slow_calls)};
+          .max_slow_calls = absl::GetFlag(FLAGS_max_slow_calls),
+          .max_watch_streams_per_identity = absl::GetFlag(FLAGS_max_watch_streams_per_identity),
+          .max_slow_calls_per_identity = absl::GetFlag(FLAGS_max_slow_calls_per_identity)};
 }
 
 }  // namespace meshrun::services

@@ -55,6 +55,10 @@ struct CoordinatorLimits {
   // gRPC's callback threads; this many at once, more are refused (RESOURCE_EXHAUSTED); 0:
   // unlimited.
   int64_t max_slow_calls = 256;
+  // One identity's share of the watch streams and of the slow calls (rpc/identity_slots.h);
+  // view callers share half of each limit, apart from admin, submit and worker callers.
+  int64_t max_watch_streams_per_identity = 100;
+  int64_t max_slow_calls_per_identity = 32;
 };
 
 class SubmitAdmission {

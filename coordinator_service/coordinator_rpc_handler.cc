@@ -117,7 +117,10 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
   // limits: the rate, and no path outside --data_root is opened below.
   if (admission_ != nullptr) RETURN_IF_ERROR(admission_->Admit(client, request.spec()));
   RETURN_IF_ERROR(jobspec::ValidateJobSpec(request.spec()));
-  ASSIGN_OR_RETURN(v1::DataReceipt receipt, jobspec::ReadDataReceipt(request.spec()));
+  ASSIGN_OR_RETURN(v1::DataReceipt receipt,
+                   jobspec::ReadDataReceipt(request.spec(), admission_ != nullptr
+                                                                ? &admission_->roots()
+                                                                : nullptr));
   ASSIGN_OR_RETURN(const int64_t restored_step, jobspec::RestoredStep(request.spec()));
   // limits: program bytes go to the program store, the job table keeps the spec without them.
   std::map<std::string, std::string> programs;

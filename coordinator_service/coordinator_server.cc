@@ -17,6 +17,8 @@
 #include "common/status_macros.h"
 #include "coordinator/progress_monitor.h"
 #include "coordinator_service/watch_stream.h"
+#include "rpc/identity_slots.h"
+#include "rpc/refusal_log.h"
 #include "rpc/server_support.h"
 #include "rpc/stream_slots.h"
 #include "rpc/tls_credentials.h"
@@ -121,14 +123,16 @@ class CoordinatorServer::Service final
  public:
   Service(CoordinatorRpcHandler* handler, const CoordinatorLimits& limits)
       : handler_(handler),
-        watch_slots_(limits.max_watch_streams, "WatchTelemetry streams", "--max_watch_streams"),
+        watch_slots_(limits.max_watch_streams, limits.max_watch_streams_per_identity,
+                     "WatchTelemetry streams", "--max_watch_streams",
+                     "--max_watch_streams_per_identity"),
         upload_slots_(limits.max_upload_streams, "UploadTelemetry streams",
                       "--max_upload_streams"),
-        slow_slots_(limits.max_slow_calls,
+        slow_slots_(limits.max_slow_calls, limits.max_slow_calls_per_identity,
                     "calls waiting on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
                     "DrainWorker, CheckpointJob, PreemptJob, ReportJobProgress, "
                     "ReportCheckpoint)",
-                    "--max_slow_calls") {}
+                    "--max_slow_calls", "--max_slow_calls_per_identity") {}
 
   // Waits for the slow calls' threads; after the server stopped taking calls (Drain).
   void JoinSlowCalls() { slow_calls_.JoinAll(); }
@@ -243,13 +247,13 @@ class CoordinatorServer::Service final
                              upload_slots_.Acquire());
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
-      grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire(),
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
+    return StartWatchStream(handler_->telemetry().hub(), *request, WatchSlot(*context),
                             WatchFraming::kOnePerMessage);
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetryBatches(
-      grpc::CallbackServerContext*, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request, watch_slots_.Acquire(),
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
+    return StartWatchStream(handler_->telemetry().hub(), *request, WatchSlot(*context),
                             WatchFraming::kBatches);
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
@@ -328,16 +332,31 @@ class CoordinatorServer::Service final
   // so gRPC's callback threads stay free for heartbeats.
   template <typename Handler>
   grpc::ServerUnaryReactor* OffThread(grpc::CallbackServerContext* context, Handler handler) {
-    absl::StatusOr<StreamSlots::Slot> slot = slow_slots_.Acquire();
-    if (!slot.ok()) return Refuse(context->DefaultReactor(), slot.status());
+    const std::optional<Identity> caller = PeerIdentity(*context);
+    absl::StatusOr<IdentitySlots::Slot> slot = slow_slots_.Acquire(caller);
+    if (!slot.ok()) {
+      RefusalLog::Process().Record(CallerName(caller), "resource_exhausted slow_calls",
+                                   absl::StrCat("refused a slow call: ", slot.status().message()));
+      return Refuse(context->DefaultReactor(), slot.status());
+    }
     return FinishUnaryOffThread(
         context, slow_calls_,
         [handler = std::move(handler),
-         slot = std::make_shared<StreamSlots::Slot>(std::move(*slot))]() mutable {
+         slot = std::make_shared<IdentitySlots::Slot>(std::move(*slot))]() mutable {
           const absl::Status status = handler();
           slot.reset();  // free before the client hears, so its next call finds it
           return status;
         });
+  }
+  // limits: the caller's share of the watch streams; a refusal is counted for /metrics.
+  absl::StatusOr<IdentitySlots::Slot> WatchSlot(const grpc::CallbackServerContext& context) {
+    const std::optional<Identity> caller = PeerIdentity(context);
+    absl::StatusOr<IdentitySlots::Slot> slot = watch_slots_.Acquire(caller);
+    if (!slot.ok()) {
+      RefusalLog::Process().Record(CallerName(caller), "resource_exhausted watch_streams",
+                                   absl::StrCat("refused a watch: ", slot.status().message()));
+    }
+    return slot;
   }
   // security: a worker reaches only the keys and reports of its jobs (job_membership.h).
   absl::Status KeyAllowed(grpc::CallbackServerContext* context, const std::string& key) {
@@ -353,9 +372,9 @@ class CoordinatorServer::Service final
   }
 
   CoordinatorRpcHandler* const handler_;
-  StreamSlots watch_slots_;   // limits: --max_watch_streams
-  StreamSlots upload_slots_;  // limits: --max_upload_streams
-  StreamSlots slow_slots_;    // limits: --max_slow_calls
+  IdentitySlots watch_slots_;  // limits: --max_watch_streams, a share per identity
+  StreamSlots upload_slots_;   // limits: --max_upload_streams
+  IdentitySlots slow_slots_;   // limits: --max_slow_calls, a share per identity
   BackgroundTasks slow_calls_;  // joined by Drain, before the server goes
 };
 

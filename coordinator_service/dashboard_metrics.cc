@@ -1,4 +1,5 @@
 #include "coordinator_service/dashboard_metrics.h"
+#include "rpc/refusal_log.h"
 #include "rpc/tls_credentials.h"
 
 #include <algorithm>
@@ -87,6 +88,19 @@ absl::Status AddInsecurePlaintext(telemetry::PrometheusText& out) {
       out.Declare("meshrun_insecure_plaintext", MetricType::kGauge,
                   "1 when this coordinator serves plaintext beyond loopback (--insecure)."));
   return out.Add("meshrun_insecure_plaintext", {}, ServingInsecurely() ? 1 : 0);
+}
+
+// Refused calls by caller and reason (rpc/refusal_log.h): who is being turned away, and why.
+absl::Status AddRefusals(telemetry::PrometheusText& out) {
+  RETURN_IF_ERROR(out.Declare("meshrun_refused_calls_total", MetricType::kCounter,
+                              "Calls refused (authentication, roles, quotas), by caller and "
+                              "reason."));
+  for (const auto& [key, count] : RefusalLog::Process().Counts()) {
+    RETURN_IF_ERROR(out.Add("meshrun_refused_calls_total",
+                            {{"caller", key.first}, {"reason", key.second}},
+                            static_cast<double>(count)));
+  }
+  return absl::OkStatus();
 }
 
 // A count per job state: every state, so absent ones read 0.
@@ -357,6 +371,7 @@ absl::StatusOr<std::string> DashboardMetrics(CoordinatorRpcHandler& handler,
   v1::ListJobsResponse jobs;
   RETURN_IF_ERROR(handler.ListJobs({}, &jobs));
   RETURN_IF_ERROR(AddInsecurePlaintext(out));
+  RETURN_IF_ERROR(AddRefusals(out));
   RETURN_IF_ERROR(AddJobCounts(jobs, out));
   RETURN_IF_ERROR(AddJobs(jobs, out));
   RETURN_IF_ERROR(AddGoodput(jobs, out));

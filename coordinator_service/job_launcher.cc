@@ -45,18 +45,15 @@ void JobLauncher::Launch(const std::string& job_id, int attempts) {
   });
 }
 
-const JobLauncher::Peer& JobLauncher::PeerAt(const std::string& address) {
-  // security: the worker at `address` must present the identity of the host registered there.
-  std::string host;
-  for (const WorkerEntry& entry : config_.registry->List()) {
-    if (entry.info.address == address) host = entry.info.host;
-  }
+const JobLauncher::Peer& JobLauncher::PeerAt(const WorkerInfo& worker) {
+  // security: the worker called must present the identity of the host the job was given, never
+  // one looked up by address (an address may change hands; the registry keeps one owner each).
   Peer* peer;  // map nodes are stable, and a peer is never replaced
   {
     absl::MutexLock lock(&mu_);
-    peer = &peers_[absl::StrCat(host, "@", address)];
+    peer = &peers_[absl::StrCat(worker.host, "@", worker.address)];
     if (peer->channel == nullptr) {
-      peer->channel = MakeWorkerChannel(address, host);
+      peer->channel = MakeWorkerChannel(worker.address, worker.host);
       peer->stub = v1::Worker::NewStub(peer->channel);
     }
   }
@@ -203,7 +200,7 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
     absl::Status started =
-        FromGrpcStatus(WorkerStub(host.address).StartJob(context.get(), request, &response));
+        FromGrpcStatus(WorkerStub(host).StartJob(context.get(), request, &response));
     if (!started.ok()) {
       config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host.host); })
           .IgnoreError();
@@ -259,7 +256,7 @@ void JobLauncher::StopWorkers(const v1::JobManifest& job) {
     request.set_job_id(job.job_id());
     v1::StopJobResponse response;
     auto context = ContextWithTimeout(absl::Seconds(5));
-    grpc::Status status = WorkerStub(running[i].address).StopJob(context.get(), request, &response);
+    grpc::Status status = WorkerStub(running[i]).StopJob(context.get(), request, &response);
     if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("stopping job {} on {}: {}", job.job_id(), running[i].host,
                    status.error_message());
@@ -396,7 +393,7 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
     v1::GetStatusRequest request;
     v1::WorkerStatusReport status;
     auto context = ContextWithTimeout(absl::Seconds(1));
-    if (!WorkerStub(entry.info.address).GetStatus(context.get(), request, &status).ok() ||
+    if (!WorkerStub(entry.info).GetStatus(context.get(), request, &status).ok() ||
         status.incarnation() != it->second) {
       return entry.info.host;
     }

@@ -191,12 +191,14 @@ class JobLauncher {
   // Called once a job reached a final state: its telemetry ends after what is pending, its
   // uncommitted checkpoints are discarded.
   void Finished(const std::string& job_id);
-  struct Peer {  // one channel per worker address, shared by its stub and the transfers
+  struct Peer {  // one channel per worker host and address, shared by its stub and transfers
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Worker::Stub> stub;
   };
-  const Peer& PeerAt(const std::string& address);
-  v1::Worker::Stub& WorkerStub(const std::string& address) { return *PeerAt(address).stub; }
+  const Peer& PeerAt(const coordinator::WorkerInfo& worker);
+  v1::Worker::Stub& WorkerStub(const coordinator::WorkerInfo& worker) {
+    return *PeerAt(worker).stub;
+  }
 
   const Config config_;
   BackgroundTasks launches_;

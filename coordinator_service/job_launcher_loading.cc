@@ -62,8 +62,14 @@ absl::StatusOr<JobLauncher::CompiledPrograms> JobLauncher::CompilePrograms(
     ASSIGN_OR_RETURN(const v1::Program program,
                      config_.programs != nullptr ? config_.programs->Read(job_id, stored)
                                                  : absl::StatusOr<v1::Program>(stored));
-    const std::string& program_options =
-        program.compile_options().empty() ? options : program.compile_options();
+    // security: a job's own options reach a compiler only as rebuilt from what a user may set.
+    std::string program_options = options;
+    if (!program.compile_options().empty()) {
+      ASSIGN_OR_RETURN(program_options,
+                       runtime::RebuildClientCompileOptions(
+                           program.compile_options(),
+                           absl::StrCat("program \"", program.role(), "\" compile_options")));
+    }
     ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(program));
     const std::string key = coordinator::CacheKey(program.stablehlo(), program_options,
                                                   plan.device_ids, plan.runtime, target_name);
@@ -142,7 +148,7 @@ absl::Status JobLauncher::DistributeExecutables(const std::string& job_id,
   // Every worker at once, skipping what each already holds.
   std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
   RunConcurrently(hosts.size(), [&](size_t i) {
-    std::set<std::string> held = HeldBy(WorkerStub(hosts[i].address), hosts[i]);
+    std::set<std::string> held = HeldBy(WorkerStub(hosts[i]), hosts[i]);
     if (hosts[i].host == compiler) {
       held.insert(compiled.compiled_by_worker.begin(), compiled.compiled_by_worker.end());
     }
@@ -172,11 +178,11 @@ absl::StatusOr<int64_t> JobLauncher::Distribute(
     if (!held.contains(fingerprint)) {
       const TransferOptions options{.chunk_bytes = config_.chunk_bytes,
                                     .base_timeout = config_.rpc_timeout};
-      absl::Status sent = SendExecutable(PeerAt(host.address).channel, executable, options);
+      absl::Status sent = SendExecutable(PeerAt(host).channel, executable, options);
       if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
         spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
                      sent.ToString());
-        sent = SendExecutable(PeerAt(host.address).channel, executable, options);
+        sent = SendExecutable(PeerAt(host).channel, executable, options);
       }
       RETURN_IF_ERROR(sent);
       bytes_sent += static_cast<int64_t>(executable.size());
@@ -207,7 +213,7 @@ absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
   *request.mutable_program() = program;
   request.set_compile_options(compile_options);
   std::unique_ptr<grpc::ClientReader<v1::LoadExecutableChunk>> reader =
-      WorkerStub(host.address).CompileProgram(context.get(), request);
+      WorkerStub(host).CompileProgram(context.get(), request);
   std::string bytes;
   std::string announced_sha256;
   int64_t total = -1;

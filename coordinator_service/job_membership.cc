@@ -1,13 +1,12 @@
 #include "coordinator_service/job_membership.h"
 
-#include <spdlog/spdlog.h>
-
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "rpc/refusal_log.h"
 
 namespace meshrun::services {
 namespace {
@@ -19,7 +18,8 @@ bool IsWorker(const std::optional<Identity>& caller) {
 absl::Status Refuse(const Identity& worker, const std::string& what, const std::string& why) {
   const std::string message =
       absl::StrCat("worker \"", worker.name, "\" may not ", what, ": ", why);
-  spdlog::warn("refused: {} (from {})", message, worker.peer);
+  RefusalLog::Process().Record(CallerName(worker), "permission_denied not_a_job_member",
+                               absl::StrCat("refused: ", message, " (from ", worker.peer, ")"));
   return absl::PermissionDeniedError(message);
 }
 

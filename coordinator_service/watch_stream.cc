@@ -53,7 +53,7 @@ size_t SerializedSize(const telemetry::Watcher::PopResult& item) {
 // batch limits.
 class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  WatchStream(std::shared_ptr<telemetry::Watcher> watcher, StreamSlots::Slot slot,
+  WatchStream(std::shared_ptr<telemetry::Watcher> watcher, IdentitySlots::Slot slot,
               WatchFraming framing)
       : watcher_(std::move(watcher)), slot_(std::move(slot)), framing_(framing) {
     watcher_->SetNotify([this] { Pump(); });
@@ -145,7 +145,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   static constexpr size_t kMaxBatchBytes = 1 << 20;
 
   std::shared_ptr<telemetry::Watcher> watcher_;
-  StreamSlots::Slot slot_;  // limits: counts this stream against --max_watch_streams
+  IdentitySlots::Slot slot_;  // limits: counts this stream against --max_watch_streams
   const WatchFraming framing_;
   absl::Mutex mu_;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the write in flight
@@ -167,7 +167,7 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<StreamSlots::Slot> slot, WatchFraming framing) {
+    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing) {
   if (!slot.ok()) return new Refusal(slot.status());
   v1::WatchTelemetryRequest parsed;
   std::vector<grpc::Slice> slices;

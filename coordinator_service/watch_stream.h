@@ -21,7 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "rpc/stream_slots.h"
+#include "rpc/identity_slots.h"
 #include "telemetry/watch_hub.h"
 
 namespace meshrun::services {
@@ -37,6 +37,6 @@ enum class WatchFraming {
 // --max_watch_streams). The stream holds `slot` until it ends.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<StreamSlots::Slot> slot, WatchFraming framing);
+    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing);
 
 }  // namespace meshrun::services

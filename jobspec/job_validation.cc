@@ -259,14 +259,15 @@ absl::Status CheckCheckpointFields(const v1::JobSpec& spec) {
 
 }  // namespace
 
-absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec) {
+absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec,
+                                               const PathRoots* roots) {
   v1::DataReceipt receipt;
   if (spec.data().synthetic()) receipt.set_synthetic(true);
   if (spec.data().has_array_file()) return ArrayFileReceipt(spec);  // sdk: array batches
   if (!spec.data().has_token_shards_glob()) return receipt;
   const std::string& glob = spec.data().token_shards_glob();
   absl::StatusOr<std::shared_ptr<const worker::TokenCorpus>> corpus =
-      worker::TokenCorpus::Open(glob);
+      worker::TokenCorpus::Open(glob, roots);
   if (!corpus.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.data.token_shards_glob \"", glob,
                                                    "\": ", corpus.status().message()));

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/path_roots.h"
 #include "meshrun/v1/job.pb.h"
 #include "worker/sparse/mask_contract.h"
 #include "worker/sparse/plan_tables.h"
@@ -23,7 +24,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // examples/ bundle. Call after ValidateJobSpec.
 // Errors: INVALID_ARGUMENT naming spec.data.token_shards_glob and the file (no match, a corrupt
 // or unreadable file, too few tokens for one batch.tokens row).
-absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec);
+absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec,
+                                               const PathRoots* roots = nullptr);
 
 // The step of the checkpoint spec.resume_from holds; 0 without one. Errors: as
 // checkpoint::ReadManifest, prefixed "spec.resume_from: ".

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "runtime/compile_options.h"
 #include "runtime/types.h"
 
 namespace meshrun::jobspec {
@@ -159,6 +160,11 @@ absl::Status CheckSpecBounds(const v1::JobSpec& spec) {
       return Invalid(field + ".compile_options",
                      absl::StrCat("is ", p.compile_options().size(), " bytes; at most ",
                                   L::kMaxCompileOptionsBytes));
+    }
+    if (!p.compile_options().empty()) {
+      RETURN_IF_ERROR(
+          runtime::RebuildClientCompileOptions(p.compile_options(), field + ".compile_options")
+              .status());
     }
     for (const auto& [list, tensors] : {std::pair{"inputs", &p.inputs()},
                                         std::pair{"outputs", &p.outputs()}}) {

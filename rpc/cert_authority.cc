@@ -125,6 +125,39 @@ absl::StatusOr<std::unique_ptr<T, Free>> ReadPem(const std::string& path, Reader
 
 }  // namespace
 
+std::vector<std::string> SpiffeCandidates(const x509_st* cert) {
+  std::vector<std::string> candidates;
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type != GEN_URI) continue;
+    const ASN1_STRING* uri = name->d.uniformResourceIdentifier;
+    candidates.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
+                            ASN1_STRING_length(uri));
+  }
+  GENERAL_NAMES_free(names);
+  char cn[256] = {0};
+  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) > 0) {
+    candidates.emplace_back(cn);
+  }
+  std::erase_if(candidates, [](const std::string& c) { return !absl::StartsWith(c, "spiffe://"); });
+  return candidates;
+}
+
+absl::StatusOr<Identity> ReadCertificateIdentity(const std::string& pem_path) {
+  auto cert = ReadPem<X509>(pem_path, PEM_read_X509);
+  if (!cert.ok()) return cert.status();
+  std::string problem = "it has no spiffe:// URI SAN";
+  for (const std::string& candidate : SpiffeCandidates(cert->get())) {
+    absl::StatusOr<Identity> identity = ParseSpiffeId(candidate);
+    if (identity.ok()) return *identity;
+    problem = std::string(identity.status().message());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      pem_path, ": ", problem, "; issue certificates with meshrun certs issue"));
+}
+
 absl::Status CreateClusterCa(const std::string& dir, const std::string& cluster, int days) {
   if (!ValidName(cluster)) {
     return absl::InvalidArgumentError(absl::StrCat(

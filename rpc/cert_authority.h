@@ -11,9 +11,13 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "rpc/security_policy.h"
+
+struct x509_st;  // OpenSSL's X509
 
 namespace meshrun::services {
 
@@ -35,6 +39,15 @@ struct IssueRequest {
 // Issues a key and certificate signed by the CA. Returns the SPIFFE id written.
 // Errors: NOT_FOUND (no CA in ca_dir), INVALID_ARGUMENT (role or name), INTERNAL.
 absl::StatusOr<std::string> IssueCertificate(const IssueRequest& request);
+
+// The spiffe:// identity of the PEM certificate at `pem_path` (its URI SAN, else a
+// spiffe-shaped CN). Errors: NOT_FOUND (unreadable), INTERNAL (not a certificate),
+// INVALID_ARGUMENT (no spiffe:// identity in it).
+absl::StatusOr<Identity> ReadCertificateIdentity(const std::string& pem_path);
+
+// The spiffe:// names a certificate carries (URI SANs, then the CN), unparsed; `cert` is an
+// OpenSSL X509*. The caller checks the chain.
+std::vector<std::string> SpiffeCandidates(const x509_st* cert);
 
 // A fresh random bearer token (32 bytes, hex).
 std::string NewBearerToken();

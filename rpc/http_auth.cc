@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/cert_authority.h"
 #include "rpc/security_policy.h"
 #include "rpc/tls_credentials.h"
 
@@ -121,29 +122,16 @@ std::optional<Identity> CertificateIdentity(const httplib::Request& request) {
   X509* cert = SSL_get1_peer_certificate(ssl);
   if (cert == nullptr) return std::nullopt;
   std::vector<std::string> candidates;
-  if (SSL_get_verify_result(ssl) == X509_V_OK) {
-    auto* names = static_cast<GENERAL_NAMES*>(
-        X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
-    for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
-      const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
-      if (name->type != GEN_URI) continue;
-      const ASN1_STRING* uri = name->d.uniformResourceIdentifier;
-      candidates.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
-                              ASN1_STRING_length(uri));
-    }
-    GENERAL_NAMES_free(names);
-    char cn[256] = {0};
-    if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn,
-                                  sizeof(cn)) > 0) {
-      candidates.emplace_back(cn);
-    }
-  }
+  if (SSL_get_verify_result(ssl) == X509_V_OK) candidates = SpiffeCandidates(cert);
   X509_free(cert);
   for (const std::string& candidate : candidates) {
-    if (!absl::StartsWith(candidate, "spiffe://")) continue;
-    if (absl::StatusOr<Identity> identity = ParseSpiffeId(candidate); identity.ok()) {
-      return *identity;
+    absl::StatusOr<Identity> identity = ParseSpiffeId(candidate);
+    if (!identity.ok()) continue;
+    if (absl::Status cluster = CheckCluster(*identity, ProcessCluster()); !cluster.ok()) {
+      spdlog::warn("dashboard: refused a client certificate: {}", cluster.ToString());
+      return std::nullopt;
     }
+    return *identity;
   }
   return std::nullopt;
 }

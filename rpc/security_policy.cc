@@ -56,8 +56,19 @@ absl::StatusOr<Identity> ParseSpiffeId(const std::string& uri) {
   }
   identity.role = *role;
   identity.name = parts[2];
+  identity.cluster = parts[0];
   identity.source = "certificate";
   return identity;
+}
+
+absl::Status CheckCluster(const Identity& identity, const std::string& cluster) {
+  if (cluster.empty() || identity.source != "certificate" || identity.cluster == cluster) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the certificate of ", RoleName(identity.role), " \"", identity.name, "\" is for cluster \"",
+      identity.cluster, "\"; this is cluster \"", cluster,
+      "\": issue it from this cluster's CA (meshrun certs issue), and give each cluster its own CA"));
 }
 
 Role RequiredRole(const std::string& method) {

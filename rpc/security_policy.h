@@ -37,12 +37,18 @@ absl::StatusOr<Role> ParseRole(const std::string& name);
 struct Identity {
   Role role = Role::kView;
   std::string name;
+  std::string cluster;  // a certificate's <cluster>; empty for a token
   std::string source;  // "certificate" or "token"
   std::string peer;    // the caller's address ("ipv4:10.0.0.5:51234"); set by PeerIdentity
 };
 
 // Parses "spiffe://<cluster>/<role>/<name>". Errors: INVALID_ARGUMENT saying what is wrong.
 absl::StatusOr<Identity> ParseSpiffeId(const std::string& uri);
+
+// OK when a certificate identity belongs to `cluster` (this process's own, from its certificate;
+// empty: unknown, nothing to compare). Two clusters may share a CA; a certificate of one is no
+// one in the other. Errors: PERMISSION_DENIED naming both clusters and the fix.
+absl::Status CheckCluster(const Identity& identity, const std::string& cluster);
 
 // The role a full gRPC method name ("/meshrun.v1.Coordinator/SubmitJob") needs.
 Role RequiredRole(const std::string& method);

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "rpc/cert_authority.h"
+#include "rpc/refusal_log.h"
 
 namespace meshrun::services {
 namespace {
@@ -46,6 +48,22 @@ std::string BearerToken(const Metadata& metadata, bool* authorization = nullptr)
 }
 std::atomic<bool> serving_insecurely{false};
 
+// The cluster in `config`'s own certificate; empty without one (or when it names none: then
+// peers' clusters go unchecked, and the log says so).
+std::string OwnCluster(const SecurityConfig& config) {
+  if (config.tls_cert.empty()) return "";
+  absl::StatusOr<Identity> own = ReadCertificateIdentity(config.tls_cert);
+  if (own.ok()) return own->cluster;
+  spdlog::warn("--tls_cert: {}; peers' cluster names are not checked", own.status().ToString());
+  return "";
+}
+
+absl::Mutex cluster_mu;
+std::string& ProcessClusterName() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cluster_mu) {
+  static auto* cluster = new std::string();
+  return *cluster;
+}
+
 std::string Property(const grpc::AuthContext& context, const char* name) {
   std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
   if (values.empty()) return "";
@@ -74,8 +92,15 @@ std::optional<Identity> CertificateIdentity(const grpc::AuthContext& context,
   for (const std::string& candidate : candidates) {
     if (!absl::StartsWith(candidate, "spiffe://")) continue;
     absl::StatusOr<Identity> identity = ParseSpiffeId(candidate);
-    if (identity.ok()) return *identity;
-    *problem = std::string(identity.status().message());
+    if (!identity.ok()) {
+      *problem = std::string(identity.status().message());
+      continue;
+    }
+    if (absl::Status cluster = CheckCluster(*identity, ProcessCluster()); !cluster.ok()) {
+      *problem = std::string(cluster.message());
+      return std::nullopt;
+    }
+    return *identity;
   }
   return std::nullopt;
 }
@@ -114,7 +139,9 @@ class AccessPolicyProcessor : public grpc::AuthMetadataProcessor {
       // gRPC gives this processor the metadata and the connection's auth context, not the
       // peer's address: the log names the certificate (or token) instead. Refusals in the
       // handlers (CheckWorkerHost, job membership) name the address too.
-      spdlog::warn("refused {} from {}: {}", method, Describe(*context), message);
+      RefusalLog::Process().RecordCall(
+          identity, method, status,
+          absl::StrCat("refused ", method, " from ", Describe(*context), ": ", message));
       return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
     }
     return grpc::Status::OK;
@@ -141,7 +168,9 @@ class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
 // The client's check of the server's identity, after gRPC verified its chain against the CA.
 class ServerIdentityVerifier final : public grpc::experimental::ExternalCertificateVerifier {
  public:
-  explicit ServerIdentityVerifier(ExpectedServer expect) : expect_(std::move(expect)) {}
+  // `cluster`: this client's own (from its certificate); empty: not checked.
+  ServerIdentityVerifier(ExpectedServer expect, std::string cluster)
+      : expect_(std::move(expect)), cluster_(std::move(cluster)) {}
 
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
               std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
@@ -156,13 +185,16 @@ class ServerIdentityVerifier final : public grpc::experimental::ExternalCertific
       if (presented.empty()) presented = candidate;
       absl::StatusOr<Identity> identity = ParseSpiffeId(candidate);
       if (identity.ok() && identity->role == expect_.role &&
-          (expect_.name.empty() || identity->name == expect_.name)) {
+          (expect_.name.empty() || identity->name == expect_.name) &&
+          CheckCluster(*identity, cluster_).ok()) {
         *sync_status = grpc::Status::OK;
         return true;
       }
     }
     const std::string message = absl::StrCat(
-        "wrong server identity: expected ", DescribeExpected(expect_), ", the server presented ",
+        "wrong server identity: expected ", DescribeExpected(expect_),
+        cluster_.empty() ? "" : absl::StrCat(" of cluster \"", cluster_, "\""),
+        ", the server presented ",
         presented.empty() ? "no spiffe:// identity" : presented,
         " (is the address right? see docs/security.md)");
     spdlog::warn("{}", message);
@@ -173,6 +205,7 @@ class ServerIdentityVerifier final : public grpc::experimental::ExternalCertific
 
  private:
   const ExpectedServer expect_;
+  const std::string cluster_;
 };
 
 bool IsLoopback(const std::string& host) {
@@ -226,7 +259,19 @@ absl::Status ValidateSecurityConfig(const SecurityConfig& config, bool is_server
   return Readable("tls_ca", config.tls_ca);
 }
 
-void SetProcessSecurity(SecurityConfig config) { ProcessConfig() = std::move(config); }
+void SetProcessSecurity(SecurityConfig config) {
+  std::string cluster = OwnCluster(config);
+  {
+    absl::MutexLock l(&cluster_mu);
+    ProcessClusterName() = std::move(cluster);
+  }
+  ProcessConfig() = std::move(config);
+}
+
+std::string ProcessCluster() {
+  absl::MutexLock l(&cluster_mu);
+  return ProcessClusterName();
+}
 const SecurityConfig& ProcessSecurity() { return ProcessConfig(); }
 
 std::string DefaultListenAddress(int port) {
@@ -302,7 +347,8 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
   options.set_check_call_host(false);
   if (expect.has_value()) {
     options.set_certificate_verifier(
-        grpc::experimental::ExternalCertificateVerifier::Create<ServerIdentityVerifier>(*expect));
+        grpc::experimental::ExternalCertificateVerifier::Create<ServerIdentityVerifier>(
+            *expect, OwnCluster(config)));
   } else {
     options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
   }
@@ -341,8 +387,10 @@ absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::
   if (!peer.has_value() || peer->role != Role::kWorker || peer->name == host) {
     return absl::OkStatus();
   }
-  spdlog::warn("refused: worker certificate for host \"{}\" from {} tried to act as host \"{}\"",
-               peer->name, context.peer(), host);
+  RefusalLog::Process().Record(
+      CallerName(peer), "permission_denied act_as_another_host",
+      absl::StrCat("refused: worker certificate for host \"", peer->name, "\" from ",
+                   context.peer(), " tried to act as host \"", host, "\""));
   return absl::PermissionDeniedError(absl::StrCat(
       "this worker's certificate names host \"", peer->name, "\"; it may not act as host \"",
       host, "\""));

@@ -39,8 +39,13 @@ bool TlsEnabled(const SecurityConfig& config);
 // Errors: INVALID_ARGUMENT naming the flag that is missing or unreadable.
 absl::Status ValidateSecurityConfig(const SecurityConfig& config, bool is_server);
 
+// Also reads the cluster of the process's own certificate (ProcessCluster).
 void SetProcessSecurity(SecurityConfig config);
 const SecurityConfig& ProcessSecurity();
+
+// The <cluster> of this process's own certificate (spiffe://<cluster>/...), as of the last
+// SetProcessSecurity; empty without one. Peers' certificates must name the same cluster.
+std::string ProcessCluster();
 
 // "127.0.0.1:<port>" without TLS, "[::]:<port>" with it.
 std::string DefaultListenAddress(int port);

@@ -1,5 +1,6 @@
 #include "runtime/compile_options.h"
 
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,14 @@ absl::StatusOr<std::string> BuildCompileOptions(const CompileOptionsSpec& spec) 
   build.set_process_index(spec.process_index);
   build.set_process_count(spec.process_count);
   build.set_memory_fitting_level(kMemoryFittingLevelO2);
+  for (const auto& [name, value] : spec.xla_flags) {
+    wire::OptionOverrideProto& flag = (*proto.mutable_env_option_overrides())[name];
+    if (const bool* b = std::get_if<bool>(&value)) {
+      flag.set_bool_field(*b);
+    } else {
+      flag.set_int_field(std::get<int64_t>(value));
+    }
+  }
   if (!spec.device_assignment.empty()) {
     if (static_cast<int>(spec.device_assignment.size()) != spec.num_replicas) {
       return absl::InvalidArgumentError(absl::StrCat("device assignment has ",
@@ -110,6 +119,10 @@ absl::StatusOr<CompileOptionsSpec> ParseCompileOptions(absl::string_view bytes) 
   spec.use_shardy_partitioner = build.use_shardy_partitioner();
   spec.process_index = static_cast<int>(build.process_index());
   spec.process_count = static_cast<int>(build.process_count());
+  for (const auto& [name, flag] : proto.env_option_overrides()) {
+    if (flag.has_bool_field()) spec.xla_flags[name] = flag.bool_field();
+    if (flag.has_int_field()) spec.xla_flags[name] = flag.int_field();
+  }
   if (build.has_device_assignment()) {
     const wire::DeviceAssignmentProto& assignment = build.device_assignment();
     spec.device_assignment.assign(assignment.replica_count(), {});
@@ -123,6 +136,99 @@ absl::StatusOr<CompileOptionsSpec> ParseCompileOptions(absl::string_view bytes) 
     }
   }
   return spec;
+}
+
+bool IsUserXlaFlag(absl::string_view name) {
+  // Scheduling, fusion and collective-overlap switches users of TPU slices tune; none names a
+  // path, a dump, a profile or a plugin.
+  static const auto* flags = new std::set<std::string, std::less<>>{
+      "xla_tpu_enable_latency_hiding_scheduler",
+      "xla_tpu_enable_async_collective_fusion",
+      "xla_tpu_enable_async_collective_fusion_fuse_all_gather",
+      "xla_tpu_enable_async_collective_fusion_multiple_steps",
+      "xla_tpu_overlap_compute_collective_tc",
+      "xla_tpu_enable_data_parallel_all_reduce_opt",
+      "xla_tpu_data_parallel_opt_different_sized_ops",
+      "xla_tpu_megacore_fusion_allow_ags",
+      "xla_enable_async_collective_permute",
+      "xla_enable_async_all_gather",
+      "xla_enable_async_reduce_scatter",
+      "xla_enable_async_all_reduce",
+      "xla_latency_hiding_scheduler_rerun",
+      "xla_cpu_enable_fast_math",
+      "xla_cpu_use_thunk_runtime",
+  };
+  return flags->contains(name);
+}
+
+namespace {
+
+// XLA's names for the fields meshrun does not model, by message and number, for the refusal.
+std::string XlaFieldName(bool build_options, int number) {
+  static const auto* top = new std::map<int, std::string>{
+      {1, "argument_layouts"}, {2, "parameter_is_tupled_arguments"},
+      {4, "compile_portable_executable"}, {6, "serialized_multi_slice_config"},
+      {8, "target_config"}};
+  static const auto* build = new std::map<int, std::string>{
+      {2, "result_layout"}, {3, "debug_options"},
+      {7, "use_auto_spmd_partitioning"}, {8, "deduplicate_hlo"}, {14, "fdo_profile"},
+      {15, "device_memory_size"}};
+  const auto& names = build_options ? *build : *top;
+  auto it = names.find(number);
+  const std::string where = build_options ? "executable_build_options." : "";
+  return it == names.end() ? absl::StrCat(where, "field ", number)
+                           : absl::StrCat(where, it->second, " (field ", number, ")");
+}
+
+absl::Status RefuseField(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " sets ", what, ", which a job may not set: meshrun builds compile options itself "
+      "from replicas, partitions, the device assignment and the optimisation flags of "
+      "docs/limits.md; remove it, or leave ", field, " empty"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RebuildClientCompileOptions(absl::string_view bytes,
+                                                        const std::string& field) {
+  wire::CompileOptionsProto proto;
+  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is not a serialized XLA CompileOptions message (", bytes.size(), " bytes)"));
+  }
+  const auto& reflection = *proto.GetReflection();
+  if (const auto& unknown = reflection.GetUnknownFields(proto); unknown.field_count() > 0) {
+    return RefuseField(field, XlaFieldName(false, unknown.field(0).number()));
+  }
+  const wire::ExecutableBuildOptionsProto& build = proto.executable_build_options();
+  if (const auto& unknown = build.GetReflection()->GetUnknownFields(build);
+      unknown.field_count() > 0) {
+    return RefuseField(field, XlaFieldName(true, unknown.field(0).number()));
+  }
+  if (build.has_device_assignment()) {
+    const wire::DeviceAssignmentProto& assignment = build.device_assignment();
+    bool unknown = assignment.GetReflection()->GetUnknownFields(assignment).field_count() > 0;
+    for (const auto& computation : assignment.computation_devices()) {
+      unknown |= computation.GetReflection()->GetUnknownFields(computation).field_count() > 0;
+    }
+    if (unknown) return RefuseField(field, "an unknown field of the device assignment");
+  }
+  for (const auto& [name, flag] : proto.env_option_overrides()) {
+    if (!IsUserXlaFlag(name)) {
+      return RefuseField(field, absl::StrCat("the XLA flag ", name));
+    }
+    if (!flag.has_bool_field() && !flag.has_int_field()) {
+      return RefuseField(field, absl::StrCat("the XLA flag ", name, " to a string or a float "
+                                             "(it takes a bool or an integer)"));
+    }
+  }
+  ASSIGN_OR_RETURN(CompileOptionsSpec spec, ParseCompileOptions(bytes));
+  if (spec.process_count == 0) spec.process_count = 1;  // unset: one process
+  absl::StatusOr<std::string> rebuilt = BuildCompileOptions(spec);
+  if (!rebuilt.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", rebuilt.status().message()));
+  }
+  return rebuilt;
 }
 
 absl::StatusOr<std::string> CanonicalCompileOptions(absl::string_view bytes) {

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +28,8 @@ struct CompileOptionsSpec {
   std::vector<std::vector<int64_t>> device_assignment;
   int process_index = 0;
   int process_count = 1;
+  // XLA optimisation flags (kUserXlaFlags only) and their bool or integer values.
+  std::map<std::string, std::variant<bool, int64_t>> xla_flags;
 
   friend bool operator==(const CompileOptionsSpec&, const CompileOptionsSpec&) = default;
 };
@@ -42,6 +46,20 @@ absl::StatusOr<std::string> BuildCompileOptions(const CompileOptionsSpec& spec);
 // Reads back the fields meshrun sets from serialized CompileOptions (also JAX's, whose other
 // fields are ignored). Errors: INVALID_ARGUMENT when the bytes are not a CompileOptions message.
 absl::StatusOr<CompileOptionsSpec> ParseCompileOptions(absl::string_view bytes);
+
+// The XLA flags a job's compile options may set: optimisation switches that change how a
+// program is scheduled and fused, never where anything is read or written.
+bool IsUserXlaFlag(absl::string_view name);
+
+// Compile options that came from a client, checked against what meshrun lets a user set
+// (security: the options reach the compiler, and XLA's debug options name files it writes):
+// replica and partition counts, SPMD and Shardy partitioning, the device assignment, and
+// IsUserXlaFlag flags with bool or integer values. Returns the options rebuilt from those
+// fields alone, so nothing else a client wrote reaches a compiler.
+// Errors: INVALID_ARGUMENT naming `field` and the first field or flag outside the list (its
+// XLA name where known), or as BuildCompileOptions.
+absl::StatusOr<std::string> RebuildClientCompileOptions(absl::string_view bytes,
+                                                        const std::string& field);
 
 // `bytes` reduced to the fields meshrun models, re-serialized deterministically: options that
 // agree on everything meshrun sets give equal results. Errors: as ParseCompileOptions.

@@ -78,6 +78,47 @@ TEST(CompileOptions, RefusesInconsistentSpecs) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// security (issue 27, item 2): a job's compile options reach a compiler only as rebuilt from the
+// fields a user may set; XLA's debug options (xla_dump_to: files written anywhere) are refused.
+std::string LengthDelimited(int field, const std::string& payload) {
+  return std::string(1, static_cast<char>(field << 3 | 2)) +
+         std::string(1, static_cast<char>(payload.size())) + payload;
+}
+
+TEST(CompileOptions, ClientOptionsAreRebuiltFromTheAllowedFieldsAlone) {
+  CompileOptionsSpec spec = SpmdCompileOptions({0, 1});
+  spec.xla_flags["xla_tpu_enable_latency_hiding_scheduler"] = true;
+  spec.xla_flags["xla_latency_hiding_scheduler_rerun"] = int64_t{2};
+  absl::StatusOr<std::string> allowed = BuildCompileOptions(spec);
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  absl::StatusOr<std::string> rebuilt = RebuildClientCompileOptions(*allowed, "compile_options");
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_EQ(ParseCompileOptions(*rebuilt).value(), spec);
+
+  // executable_build_options { num_partitions: 2  debug_options { xla_dump_to: "/tmp/x" } }
+  const std::string dump = LengthDelimited(3, std::string("\x28\x02", 2) +
+                                                  LengthDelimited(3, LengthDelimited(8, "/tmp/x")));
+  absl::Status refused = RebuildClientCompileOptions(dump, "programs[0].compile_options").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "programs[0].compile_options sets "
+                                                   "executable_build_options.debug_options"))
+      << refused;
+  // env_option_overrides { key: "xla_dump_to" value { string_field: "/tmp/x" } }
+  const std::string flag =
+      LengthDelimited(7, LengthDelimited(1, "xla_dump_to") +
+                             LengthDelimited(2, LengthDelimited(1, "/tmp/x")));
+  refused = RebuildClientCompileOptions(flag, "compile_options").status();
+  EXPECT_TRUE(absl::StrContains(refused.message(), "the XLA flag xla_dump_to")) << refused;
+  const std::string string_value = LengthDelimited(
+      7, LengthDelimited(1, "xla_cpu_enable_fast_math") +
+             LengthDelimited(2, LengthDelimited(1, "yes")));
+  refused = RebuildClientCompileOptions(string_value, "compile_options").status();
+  EXPECT_TRUE(absl::StrContains(refused.message(), "takes a bool or an integer")) << refused;
+  // argument_layouts (field 1 of CompileOptionsProto), a field meshrun does not model.
+  refused = RebuildClientCompileOptions(LengthDelimited(1, ""), "compile_options").status();
+  EXPECT_TRUE(absl::StrContains(refused.message(), "argument_layouts (field 1)")) << refused;
+}
+
 // ---- types ----
 
 TEST(Types, NamesAndSizes) {

@@ -4,8 +4,6 @@
 // GetMetrics and DrainWorker calls wait on that worker, a heartbeat and cheap calls (GetJob,
 // ListWorkers) are answered promptly, and the slow calls still end with their usual codes.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +21,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "coordinator_service/coordinator_server.h"
 #include "rpc/server_support.h"
+#include "testing/black_hole.h"
 
 namespace meshrun::services {
 namespace {
@@ -33,33 +32,6 @@ constexpr char kIncarnation[] = "slow-1";
 // shared cores, far below the slow calls' 5 s.
 constexpr absl::Duration kPrompt = absl::Milliseconds(1500);
 constexpr int kSlowCalls = 48;  // per kind
-
-// A TCP listener that never accepts: connections complete in the kernel's backlog and then
-// hear nothing, as from a hung worker.
-class BlackHole {
- public:
-  BlackHole() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        listen(fd_, 1024) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      port_ = 0;
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
-  }
-  ~BlackHole() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
 
 // A channel of its own (a distinct argument keeps gRPC from sharing a connection), so the
 // probes never queue behind the slow calls' streams on the client side.
@@ -77,7 +49,7 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
 }
 
 TEST(CallbackThreadsTest, CheapCallsAreAnsweredWhileSlowCallsWaitOnAHungWorker) {
-  BlackHole hole;
+  testing::BlackHole hole;
   ASSERT_NE(hole.port(), 0) << "cannot listen on loopback";
   auto server = CoordinatorServer::Start(
       {.listen = "127.0.0.1:0", .state_dir = ::testing::TempDir() + "/callback_threads_test"});

@@ -193,8 +193,14 @@ TokenCorpus::~TokenCorpus() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Open(const std::string& glob) {
+absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Open(const std::string& glob,
+                                                                     const PathRoots* roots) {
   ASSIGN_OR_RETURN(std::vector<std::string> files, Glob(glob));
+  if (roots != nullptr) {
+    for (std::string& file : files) {
+      ASSIGN_OR_RETURN(file, roots->Resolve(file, "a match of the token shard glob"));
+    }
+  }
   std::shared_ptr<TokenCorpus> corpus(new TokenCorpus());
   Sha256 all;
   for (size_t i = 0; i < files.size(); ++i) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/path_roots.h"
 
 namespace meshrun::worker {
 
@@ -42,8 +43,12 @@ class TokenCorpus {
   // shard (bad magic, unsupported version, truncated or trailing bytes, a document start out of
   // order or not on a BOS token, a token outside the vocabulary, a vocabulary or BOS differing
   // from the first file's); NOT_FOUND / PERMISSION_DENIED / DATA_LOSS when a file cannot be
-  // read. Each message names the file.
-  static absl::StatusOr<std::shared_ptr<const TokenCorpus>> Open(const std::string& glob);
+  // read. Each message names the file. With `roots`, every file the glob matches must lie under
+  // them once its symlinks are resolved (security: a wildcard may cross a symlink the pattern's
+  // fixed part does not show); INVALID_ARGUMENT names the match as the glob found it, never
+  // where it leads.
+  static absl::StatusOr<std::shared_ptr<const TokenCorpus>> Open(
+      const std::string& glob, const PathRoots* roots = nullptr);
 
   const DataReceipt& receipt() const { return receipt_; }
   uint32_t vocab_size() const { return vocab_size_; }

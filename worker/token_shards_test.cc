@@ -178,6 +178,32 @@ TEST_F(TokenShardsTest, RefusesBadFilesNamingThem) {
   EXPECT_NE(none.message().find("no file matches"), absl::string_view::npos) << none;
 }
 
+// security (issue 27, item 8): the glob's fixed part lies in the data root, but its wildcard
+// crosses a symlink to a directory outside it. Every match is resolved: refused, naming the
+// match as found, never the file it leads to.
+TEST_F(TokenShardsTest, AMatchThroughASymlinkOutOfTheRootIsRefused) {
+  const fs::path root = dir_ / "root", outside = dir_ / "secrets";
+  fs::create_directories(root / "corpus");
+  fs::create_directories(outside);
+  WriteAll((root / "corpus" / "a.tok").string(), HandShard({"inside"}));
+  WriteAll((outside / "private.tok").string(), HandShard({"outside"}));
+  fs::create_directory_symlink(outside, root / "link");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root.string()});
+  ASSERT_TRUE(roots.ok()) << roots.status();
+
+  EXPECT_TRUE(TokenCorpus::Open((root / "corpus" / "*.tok").string(), &*roots).ok());
+  const std::string crossing = (root / "*" / "*.tok").string();
+  ASSERT_TRUE(TokenCorpus::Open(crossing).ok()) << "without roots both files open";
+  const absl::Status refused = TokenCorpus::Open(crossing, &*roots).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find((root / "link" / "private.tok").string()),
+            absl::string_view::npos) << refused;
+  EXPECT_NE(refused.message().find("outside the directories this server reads"),
+            absl::string_view::npos) << refused;
+  EXPECT_EQ(refused.message().find("secrets"), absl::string_view::npos)
+      << "names where the link leads: " << refused;
+}
+
 TEST(RowsHeldTest, FollowsTheDataAxis) {
   const std::vector<int64_t> host0 = {0, 1, 2, 3}, host1 = {4, 5, 6, 7};
   EXPECT_EQ(*RowsHeld(8, "data", {"data"}, {8}, host1), std::vector<int64_t>({4, 5, 6, 7}));

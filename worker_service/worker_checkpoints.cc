@@ -2,30 +2,34 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "rpc/server_support.h"
 
 namespace meshrun::services {
 namespace {
 
-// Delivers a host's report, retrying briefly: the commit waits for every host's.
+// Delivers a host's report, retrying briefly (with backoff while the coordinator is busy): the
+// commit waits for every host's.
 void SendReport(v1::Coordinator::Stub* coordinator, const v1::ReportCheckpointRequest& report) {
-  for (int attempt = 0; attempt < 5; ++attempt) {
+  absl::Duration backoff = absl::Milliseconds(250);
+  for (int attempt = 0; attempt < 8; ++attempt) {
     v1::ReportCheckpointResponse response;
     auto context = ContextWithTimeout(absl::Seconds(30));
     grpc::Status status = coordinator->ReportCheckpoint(context.get(), report, &response);
     if (status.ok()) return;
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (!RetryLater(status)) {
       spdlog::error("job {}: checkpoint of step {} refused: {}", report.job_id(), report.step(),
                     status.error_message());
       return;
     }
-    absl::SleepFor(absl::Seconds(1));
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(4));
   }
   spdlog::error("job {}: checkpoint of step {}: the coordinator did not take the report",
                 report.job_id(), report.step());

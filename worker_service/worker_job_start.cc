@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
   batch.first_row = replica.index * batch.batch;
   if (data.synthetic()) return worker::MakeSyntheticBatches(std::move(batch));
   ASSIGN_OR_RETURN(std::shared_ptr<const worker::TokenCorpus> corpus,
-                   worker::TokenCorpus::Open(data.token_shards_glob()));
+                   worker::TokenCorpus::Open(data.token_shards_glob(), &roots));
   if (corpus->receipt().sha256 != manifest.data_receipt().sha256()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "data.token_shards_glob ", data.token_shards_glob(), " reads sha256 ",

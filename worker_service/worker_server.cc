@@ -12,6 +12,7 @@
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
 #include "rpc/unary_reactor.h"
+#include "runtime/compile_options.h"
 #include "runtime/runtime_setup.h"
 #include "worker_service/coordinator_kv_client.h"
 #include "worker_service/worker_checkpoints.h"
@@ -236,11 +237,14 @@ absl::StatusOr<std::string> WorkerServer::CompileProgram(const v1::CompileProgra
         "this worker has no runtime to compile with; start meshrun-worker with --pjrt_plugin");
   }
   ASSIGN_OR_RETURN(runtime::ProgramSignature signature, SignatureOf(request.program()));
+  // security: what reaches the compiler is rebuilt from the fields a job may set, whoever sent it.
+  ASSIGN_OR_RETURN(const std::string options, runtime::RebuildClientCompileOptions(
+                                                  request.compile_options(), "compile_options"));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::Executable> executable,
                    runtime_->Compile({.code = request.program().stablehlo(),
                                       .format = "mlir",
-                                      .compile_options = request.compile_options(),
+                                      .compile_options = options,
                                       .signature = std::move(signature)}));
   metrics_.AddTime(worker::kCompileTime, absl::Now() - start);
   ASSIGN_OR_RETURN(std::string bytes, runtime_->Serialize(*executable));
@@ -454,8 +458,8 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
   if (!uploader_->Flush(job_id, std::min(absl::Seconds(10), DrainLeft()))) {
     spdlog::warn("job {}: telemetry not all acknowledged before reporting the outcome", job_id);
   }
-  // The outcome must not be lost to an outage: a restarted coordinator still knows the job and
-  // waits for it, so retry while the coordinator is unreachable, until this worker drains.
+  // The outcome must not be lost to an outage or a busy coordinator: a restarted one still knows
+  // the job and waits for it, so retry while it is unreachable or busy, until this worker drains.
   absl::Duration backoff = absl::Seconds(1);
   // Draining: retries stop at the drain deadline (one attempt is always made, of 1 s at least).
   for (int attempt = 0;
@@ -465,8 +469,7 @@ void WorkerServer::ReportOutcome(const std::string& job_id, int attempt,
     auto context = ContextWithTimeout(
         std::min(config_.rpc_timeout, std::max(DrainLeft(), absl::Seconds(1))));
     grpc::Status status = coordinator_->ReportJobProgress(context.get(), request, &response);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (!RetryLater(status)) {  // busy (RESOURCE_EXHAUSTED) is retried: the outcome must land
       if (!status.ok()) spdlog::warn("job {}: report refused: {}", job_id, status.error_message());
       return;
     }
