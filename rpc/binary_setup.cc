@@ -1,6 +1,8 @@
 #include "rpc/binary_setup.h"
 #include "rpc/security_flags.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -53,6 +55,11 @@ std::vector<std::string> InitBinary(const char* program, const char* usage, int 
                                     char** argv) {
   program_name = program;
   command_line.assign(argv, argv + argc);
+  if (std::string(program) != "meshrun") {
+    // Before any thread: umask is per process. Never looser than 0077, stricter if the caller's is.
+    const mode_t inherited = umask(0077);
+    umask(inherited | 0077);
+  }
   ConfigureMutexDeadlockDetection();
   BlockTerminationSignals();
   absl::FlagsUsageConfig config;

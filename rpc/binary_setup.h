@@ -2,6 +2,10 @@
 // (common/mutex_checks.h), blocks SIGTERM/SIGINT (they are awaited with
 // WaitForTerminationSignal), parses flags with --help limited to meshrun's own, and sets up
 // logging from --log_level. Bad flags print one line naming the problem and exit 2.
+// The two servers (any `program` but "meshrun") also narrow the process umask to at least
+// 0077, so everything they create (state directories, the executable store and cache, the
+// telemetry database, checkpoints) is private to their user: directories 0700, files 0600
+// (docs/security.md, "File modes"). The CLI keeps the caller's umask.
 //
 // Call first thing in main, before any thread starts. Returns the positional arguments
 // (argv[0] first).

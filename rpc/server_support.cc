@@ -46,24 +46,70 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::strin
   return hp;
 }
 
-absl::Status PrepareStateDir(const std::string& flag, const std::string& path) {
-  const auto fail = [&](const std::string& why) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--", flag, "=", path, " is not a usable state directory: ", why,
-        "; pass a writable directory"));
-  };
-  if (path.empty()) return fail("empty path");
+namespace {
+// Clears the group and other bits of everything under `root` (not following links). Returns how
+// many entries changed; entries it cannot change are logged.
+int NarrowTree(const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  int narrowed = 0;
   std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return fail(ec.message());
-  if (!std::filesystem::is_directory(path, ec)) return fail("not a directory");
+  for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied,
+                                           ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const fs::file_status status = it->symlink_status(ec);
+    if (ec || fs::is_symlink(status)) continue;
+    const fs::perms open_bits = status.permissions() & (fs::perms::group_all | fs::perms::others_all);
+    if (open_bits == fs::perms::none) continue;
+    fs::permissions(it->path(), open_bits, fs::perm_options::remove, ec);
+    if (ec) {
+      spdlog::warn("cannot make {} private to this user: {}", it->path().string(), ec.message());
+      ec.clear();
+      continue;
+    }
+    ++narrowed;
+  }
+  return narrowed;
+}
+}  // namespace
+
+absl::Status PrepareStateDir(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto fail = [&](const std::string& why, const std::string& fix) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", flag, "=", path, " is not a usable state directory: ", why, "; ", fix));
+  };
+  const std::string kWritable = "pass a writable directory";
+  if (path.empty()) return fail("empty path", kWritable);
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  fs::create_directories(path, ec);
+  if (ec) return fail(ec.message(), kWritable);
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::is_directory(status)) return fail("not a directory", kWritable);
+  const fs::perms open_bits =
+      status.permissions() & (fs::perms::group_all | fs::perms::others_all);
+  if (open_bits != fs::perms::none) {
+    fs::permissions(path, open_bits, fs::perm_options::remove, ec);
+    if (ec) {
+      return fail(absl::StrCat("other users may enter it and it cannot be made private (",
+                               ec.message(), ")"),
+                  "run as its owner, or chmod 700 it");
+    }
+    if (existed) {
+      const int narrowed = NarrowTree(path);
+      spdlog::warn(
+          "--{}={} was open to other users (mode {:o}): made it and {} entries under it private "
+          "to this user (directories 0700, files 0600)",
+          flag, path, static_cast<unsigned>(status.permissions()), narrowed);
+    }
+  }
   const std::string probe = absl::StrCat(path, "/.write-probe-", getpid());
   {
     std::ofstream out(probe);
     out << "probe";
-    if (!out) return fail(std::strerror(errno));
+    if (!out) return fail(std::strerror(errno), kWritable);
   }
-  std::filesystem::remove(probe, ec);
+  fs::remove(probe, ec);
   return absl::OkStatus();
 }
 

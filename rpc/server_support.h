@@ -29,8 +29,14 @@ struct HostPort {
 // Errors: INVALID_ARGUMENT naming `flag`, the value and the expected form.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::string& address);
 
-// Creates `path` if needed and checks that files can be written in it.
-// Errors: FAILED_PRECONDITION naming `flag`, the path and the system's reason.
+// Creates `path` if needed, private to this user (mode 0700), and checks that files can be
+// written in it. An existing directory that other users may read, write or enter (any group or
+// other bit) is narrowed to owner-only, with everything under it (directories 0700-masked, files
+// 0600-masked; symbolic links are left alone and not followed), and a warning names it: an older
+// meshrun left state 0755/0644. The binaries also narrow their umask (rpc/binary_setup.h), so
+// what they create under it later is private too.
+// Errors: FAILED_PRECONDITION naming `flag`, the path, the system's reason and the fix (also
+// when the directory cannot be narrowed: it belongs to another user).
 absl::Status PrepareStateDir(const std::string& flag, const std::string& path);
 
 // The default state directory: $XDG_STATE_HOME/meshrun/<component>, else
