@@ -123,6 +123,36 @@ TEST(StoreTest, WriteCommitReadRoundTrip) {
   EXPECT_EQ(array->As<float>(), values);
 }
 
+// Checkpoint trust (issue 29, item 5): in a directory meshrun writes to, only steps it
+// committed (with a manifest) count; a step without one restores only when named, and then
+// unverified; a temp step directory never restores, even holding Orbax's _METADATA.
+TEST(StoreTest, OnlyCommittedStepsCountInMeshrunsOwnDirectory) {
+  const std::string root = FreshDir("trust");
+  auto written = WriteChunks(TempStepDir(root, 10),
+                             TwoShards(HostArray::From<float>(DType::kF32, {4, 6},
+                                                              std::vector<float>(24, 1.0f))));
+  ASSERT_TRUE(written.ok()) << written.status();
+  v1::CheckpointManifest manifest;
+  manifest.set_step(10);
+  *manifest.add_arrays() = (*written)[0];
+  ASSERT_TRUE(Commit(root, manifest, 0).ok());
+  for (const std::string& copy : {StepDir(root, 20), TempStepDir(root, 30)}) {
+    fs::copy(StepDir(root, 10), copy, fs::copy_options::recursive);
+    fs::remove(copy + "/meshrun_checkpoint.json");
+    ASSERT_TRUE(fs::exists(copy + "/_METADATA"));
+  }
+  auto newest = ResolveCheckpoint(root);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(*newest, StepDir(root, 10)) << "step 20 has no manifest: meshrun never committed it";
+  EXPECT_TRUE(IsVerified(*newest));
+  auto named = ResolveCheckpoint(StepDir(root, 20));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_FALSE(IsVerified(*named));
+  const absl::Status temp = ResolveCheckpoint(TempStepDir(root, 30)).status();
+  EXPECT_EQ(temp.code(), absl::StatusCode::kFailedPrecondition) << temp;
+  EXPECT_NE(temp.message().find("never committed"), std::string::npos) << temp;
+}
+
 TEST(StoreTest, CorruptionAndTruncationNameTheChunk) {
   const std::string root = FreshDir("corrupt");
   std::vector<float> values(24, 1.0f);

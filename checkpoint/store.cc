@@ -285,25 +285,50 @@ std::vector<int64_t> CommittedSteps(const std::string& root) {
   return steps;
 }
 
+namespace {
+
+// A directory meshrun writes checkpoints to: it holds a manifest-committed or a temp step.
+bool IsMeshrunRoot(const std::string& root) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (name.find(kTempSuffix) != std::string::npos ||
+        (IsStepName(name, &step) && fs::exists(entry.path() / kManifestFile, error))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   if (!fs::is_directory(path)) {
     return absl::NotFoundError(absl::StrCat(path, " is not a directory"));
   }
-  if (fs::exists(fs::path(path) / kManifestFile)) return path;
-  if (std::string item = OrbaxItemDir(path); !item.empty()) return item;
   const std::string name = fs::path(path).filename().string();
+  if (name.find(kTempSuffix) != std::string::npos) {  // whatever it holds: never committed
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is a checkpoint being written (or abandoned), never committed; use a committed "
+        "step"));
+  }
+  if (fs::exists(fs::path(path) / kManifestFile)) return path;
+  if (std::string item = OrbaxItemDir(path); !item.empty()) return item;  // named explicitly
   int64_t step = 0;
-  if (IsStepName(name, &step) || name.find(kTempSuffix) != std::string::npos) {
+  if (IsStepName(name, &step)) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is a partial checkpoint (no ", kManifestFile,
         "): its hosts never all reported, so it was not committed; use an earlier step"));
   }
   std::vector<int64_t> steps = CommittedSteps(path);
-  // Steps Orbax committed (a CheckpointManager directory) count too.
+  // In a directory only Orbax wrote (a CheckpointManager's), Orbax-committed steps count; in
+  // meshrun's own, a step without a manifest was not committed by meshrun.
+  const bool meshrun_root = IsMeshrunRoot(path);
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(path, error)) {
-    int64_t step = 0;
-    if (entry.is_directory() && IsStepName(entry.path().filename().string(), &step) &&
+    if (!meshrun_root && entry.is_directory() &&
+        IsStepName(entry.path().filename().string(), &step) &&
         !OrbaxItemDir(entry.path().string()).empty()) {
       steps.push_back(step);
     }
@@ -315,6 +340,11 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
                      ", nor an Orbax <step>/_METADATA)"));
   }
   return ResolveCheckpoint(StepDir(path, steps.back()));
+}
+
+bool IsVerified(const std::string& step_dir) {
+  std::error_code error;
+  return fs::exists(fs::path(step_dir) / kManifestFile, error);
 }
 
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {

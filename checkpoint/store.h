@@ -62,11 +62,18 @@ std::vector<int64_t> DiscardAllTemp(const std::string& root);
 // Steps committed under `root`, ascending.
 std::vector<int64_t> CommittedSteps(const std::string& root);
 
-// A committed step directory: `path` itself when it holds a manifest, else the newest
-// committed step under it.
+// A committed step directory: `path` itself when it holds a manifest (or is an Orbax step named
+// explicitly: IsVerified tells), else the newest committed step under it. In a directory
+// meshrun writes checkpoints to (one holding a manifest-committed or a temp step), only
+// manifest-committed steps count; in a directory only Orbax wrote, Orbax-committed steps do. A
+// temp step directory is never restorable, whatever it holds.
 // Errors: NOT_FOUND (no such directory), FAILED_PRECONDITION (a temp or partial step
 // directory, or a root with no committed step).
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+// True when `step_dir` holds meshrun's manifest, so every chunk is checked against its sha256;
+// false for an Orbax checkpoint (restored unverified).
+bool IsVerified(const std::string& step_dir);
 
 // Errors: FAILED_PRECONDITION (not committed), INVALID_ARGUMENT (a manifest that does not
 // parse), NOT_FOUND.

@@ -99,10 +99,21 @@ std::string JobSummaryText(const v1::JobManifest& job) {
                                          "\" is not finite from step ", job.nonfinite_step(),
                                          " (on_nonfinite=", policy, ")"));
   }
-  Line(out, "step", absl::StrCat(job.last_step(), " of ", job.spec().steps(),
-                                 job.restored_step() > 0
-                                     ? absl::StrCat(" (resumed from step ", job.restored_step(), ")")
-                                     : ""));
+  // The user's resume (spec.resume_from) and the coordinator's restarts, told apart.
+  std::string step = absl::StrCat(job.last_step(), " of ", job.spec().steps());
+  if (!job.spec().resume_from().empty()) {
+    const int64_t resumed =
+        job.attempts_size() > 0 ? job.attempts(0).start_step() : job.restored_step();
+    absl::StrAppend(&step, " (resumed from step ", resumed, ")");
+  }
+  if (job.attempts_size() > 0) {
+    absl::StrAppend(&step, "; run ", job.attempts_size() + 1, " after ", job.attempts_size(),
+                    job.attempts_size() == 1 ? " restart" : " restarts",
+                    job.restored_step() > 0
+                        ? absl::StrCat(", from the checkpoint of step ", job.restored_step())
+                        : ", from the start");
+  }
+  Line(out, "step", step);
   if (job.created_unix_micros() > 0) {
     std::string times = "created " + Time(job.created_unix_micros());
     if (job.finished_unix_micros() > 0) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
@@ -92,11 +93,15 @@ absl::Status CheckpointCommits::Report(const v1::ReportCheckpointRequest& report
 }
 
 void CheckpointCommits::Forget(const std::string& job_id) {
+  std::map<int64_t, Step> dropped;  // by step: reported by some hosts, not all
   {
     absl::MutexLock lock(&mu_);
     auto it = steps_.lower_bound(Key{job_id, std::numeric_limits<int>::min(),
                                      std::numeric_limits<int64_t>::min()});
-    while (it != steps_.end() && std::get<0>(it->first) == job_id) it = steps_.erase(it);
+    while (it != steps_.end() && std::get<0>(it->first) == job_id) {
+      dropped[std::get<2>(it->first)] = std::move(it->second);
+      it = steps_.erase(it);
+    }
   }
   absl::StatusOr<v1::JobManifest> job = jobs_->Get(job_id);
   if (!job.ok() || !job->spec().has_checkpoint()) return;
@@ -106,6 +111,34 @@ void CheckpointCommits::Forget(const std::string& job_id) {
     spdlog::info("job {}: discarded {} uncommitted checkpoint(s) of its run, the newest of step {}",
                  job_id, discarded.size(), discarded.back());
   }
+  // Each checkpoint the run began and did not commit is listed with why (docs/checkpoints.md).
+  std::vector<v1::CheckpointRecord> records;
+  for (auto& [step, pending] : dropped) {
+    std::vector<std::string> missing;
+    for (const auto& [host, incarnation] : job->host_incarnations()) {
+      if (!pending.hosts.contains(host)) missing.push_back(host);
+    }
+    std::sort(missing.begin(), missing.end());
+    v1::CheckpointRecord& record = records.emplace_back();
+    record.set_step(step);
+    record.set_error(absl::StrCat("not committed: the run ended before every host reported it (",
+                                  "no report from ", absl::StrJoin(missing, ", "), ")"));
+  }
+  for (int64_t step : discarded) {
+    if (dropped.contains(step)) continue;
+    v1::CheckpointRecord& record = records.emplace_back();
+    record.set_step(step);
+    record.set_error("not committed: the run ended while its hosts were writing it");
+  }
+  if (records.empty()) return;
+  const int64_t now = absl::ToUnixMicros(absl::Now());
+  absl::Status recorded = jobs_->Update(job_id, [&](v1::JobManifest& manifest) {
+    for (v1::CheckpointRecord& record : records) {
+      record.set_unix_micros(now);
+      *manifest.add_checkpoints() = record;
+    }
+  });
+  if (!recorded.ok()) spdlog::warn("job {}: checkpoint records: {}", job_id, recorded.ToString());
 }
 
 bool CheckpointCommits::Pending(const std::string& job_id, int attempt) const {

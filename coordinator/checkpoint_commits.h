@@ -38,9 +38,10 @@ class CheckpointCommits {
   // step is then recorded as failed).
   absl::Status Report(const v1::ReportCheckpointRequest& report);
 
-  // The job's run ended (a restart, a failure, the job's end): drops its pending reports and
+  // The job's run ended (a restart, a failure, the job's end): drops its pending reports,
   // removes the temp step directories (<step>.meshrun-tmp) of its checkpoints that were never
-  // committed. A checkpoint directory belongs to one job at a time (docs/checkpoints.md).
+  // committed, and lists each in the manifest's checkpoints with why (the hosts that did not
+  // report). A checkpoint directory belongs to one job at a time (docs/checkpoints.md).
   void Forget(const std::string& job_id);
 
   // Whether run `attempt` of the job has a step some hosts reported and others not yet, or one

@@ -143,6 +143,14 @@ TEST_F(CheckpointCommitsTest, ForgetDropsPendingReportsAndTheirTempDirectories) 
   EXPECT_EQ(commits_.pending(), 0u);
   EXPECT_FALSE(fs::exists(checkpoint::TempStepDir(dir_, 20)));
   EXPECT_TRUE(fs::exists(checkpoint::StepDir(dir_, 10)));
+  // The manifest lists each checkpoint: committed, or why not.
+  const v1::JobManifest job = table_->Get(job_).value();
+  ASSERT_EQ(job.checkpoints_size(), 2);
+  EXPECT_TRUE(job.checkpoints(0).committed());
+  EXPECT_EQ(job.checkpoints(1).step(), 20);
+  EXPECT_FALSE(job.checkpoints(1).committed());
+  EXPECT_EQ(job.checkpoints(1).error(),
+            "not committed: the run ended before every host reported it (no report from b)");
   // After the job ended, no report is taken (and nothing stays pending).
   ASSERT_TRUE(table_->Fail(job_, "a", "gone").ok());
   EXPECT_EQ(Write("a", 1, 30, 1).code(), absl::StatusCode::kFailedPrecondition);

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "checkpoint/store.h"
 #include "common/background_tasks.h"
 #include "common/grpc_status.h"
 #include "common/protocol.h"
@@ -137,6 +138,13 @@ absl::Status CoordinatorRpcHandler::SubmitJob(const v1::SubmitJobRequest& reques
         " has no header, so its arrays' names, dtypes and shapes were not checked against the "
         "program's batch inputs (a file written before typed array files): write it again with "
         "meshrun.data.write_arrays"));
+  }
+  if (const std::string& resume = request.spec().resume_from();
+      !resume.empty() && !checkpoint::IsVerified(resume)) {
+    response->add_warnings(absl::StrCat(
+        "resume_from ", resume, " is an Orbax checkpoint (not verified): it has no meshrun "
+        "manifest, so its chunks are restored without sha256 checks and the data position "
+        "starts from the first batch"));
   }
   for (const std::string& warning : response->warnings()) {
     spdlog::warn("job {}: {}", response->job_id(), warning);

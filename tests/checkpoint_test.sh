@@ -92,7 +92,7 @@ refused() {  # pattern, submit args...: submit must fail and say `pattern`
 refused "--checkpoint_dir $tmp/nowhere is not a directory" "$mlp/dp8/job.json" \
   --checkpoint_dir="$tmp/nowhere"
 mkdir -p "$ck/40.meshrun-tmp"
-refused "error: --resume_from: .* is a partial checkpoint" "$mlp/dp8/job.json" \
+refused "error: --resume_from: .* is a checkpoint being written" "$mlp/dp8/job.json" \
   --resume_from="$ck/40.meshrun-tmp"
 refused "error: --resume_from: job-999 is neither a checkpoint directory here nor a job id" \
   "$mlp/dp8/job.json" --resume_from=job-999

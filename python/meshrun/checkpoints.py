@@ -25,27 +25,40 @@ def _orbax_item_dir(path):
     return items[0] if len(items) == 1 else ""
 
 
+def _is_meshrun_root(path):
+    """A directory meshrun writes checkpoints to: it holds a committed or a temp step."""
+    return any(_TEMP_SUFFIX in e or (_is_step_name(e) and os.path.exists(
+        os.path.join(path, e, MANIFEST_FILE))) for e in os.listdir(path))
+
+
 def resolve_checkpoint(path):
     """A committed step directory from `path`: a step directory, or a checkpoint directory
-    (its newest committed step; Orbax-committed steps count). BundleError for a partial
-    checkpoint or a directory holding none, as the CLI's checkpoint::ResolveCheckpoint."""
+    (its newest committed step). In a directory meshrun writes to only manifest-committed steps
+    count; in one only Orbax wrote, Orbax-committed steps do; a temp step never restores.
+    BundleError for a partial checkpoint or a directory holding none, as the CLI's
+    checkpoint::ResolveCheckpoint."""
     path = os.path.normpath(os.path.abspath(path))
     if not os.path.isdir(path):
         raise BundleError(f"resume_from: {path} is not a directory")
+    name = os.path.basename(path)
+    if _TEMP_SUFFIX in name:
+        raise BundleError(f"resume_from: {path} is a checkpoint being written (or abandoned), "
+                          "never committed; use a committed step")
     if os.path.exists(os.path.join(path, MANIFEST_FILE)):
         return path
     item = _orbax_item_dir(path)
     if item:
         return item
-    name = os.path.basename(path)
-    if _is_step_name(name) or _TEMP_SUFFIX in name:
+    if _is_step_name(name):
         raise BundleError(f"resume_from: {path} is a partial checkpoint (no {MANIFEST_FILE}): its "
                           "hosts never all reported, so it was not committed; use an earlier step")
+    orbax_counts = not _is_meshrun_root(path)
     steps = []
     for entry in os.listdir(path):
         step_dir = os.path.join(path, entry)
         if _is_step_name(entry) and os.path.isdir(step_dir) and (
-                os.path.exists(os.path.join(step_dir, MANIFEST_FILE)) or _orbax_item_dir(step_dir)):
+                os.path.exists(os.path.join(step_dir, MANIFEST_FILE)) or
+                (orbax_counts and _orbax_item_dir(step_dir))):
             steps.append(int(entry))
     if not steps:
         raise BundleError(f"resume_from: {path} holds no committed checkpoint (no "
