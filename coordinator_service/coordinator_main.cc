@@ -29,6 +29,14 @@ ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
 ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT for HTTP: the web dashboard at /, Prometheus text at /metrics (e.g. "
           "127.0.0.1:7080; port 0 picks a free port, logged); empty: no HTTP");
+ABSL_FLAG(int32_t, http_max_streams, 8,
+          "dashboard event streams (/api/watch) open at once, of identities other than admin; "
+          "more get 503");
+ABSL_FLAG(int32_t, http_max_streams_per_identity, 2,
+          "dashboard event streams one identity (a token, a certificate) may hold open; more "
+          "get 429");
+ABSL_FLAG(int32_t, http_max_admin_streams, 2,
+          "dashboard event streams of admin identities, counted apart from everyone else's");
 ABSL_FLAG(std::string, web_root, "",
           "folder of the dashboard's built assets; default: web/ next to the binary's folder "
           "(build/web in a checkout), else share/meshrun/web there (an install)");
@@ -80,6 +88,9 @@ int main(int argc, char** argv) {
        .tpu_compiler_plugin = absl::GetFlag(FLAGS_tpu_compiler_plugin),
        .http_listen = absl::GetFlag(FLAGS_http_listen),
        .web_root = web_root,
+       .http_max_streams = absl::GetFlag(FLAGS_http_max_streams),
+       .http_max_streams_per_identity = absl::GetFlag(FLAGS_http_max_streams_per_identity),
+       .http_max_admin_streams = absl::GetFlag(FLAGS_http_max_admin_streams),
        .restart_wait = absl::GetFlag(FLAGS_restart_wait),
        .hang_timeout = absl::GetFlag(FLAGS_hang_timeout),
        .limits = meshrun::services::CoordinatorLimitsFromFlags()});

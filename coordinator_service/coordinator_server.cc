@@ -249,12 +249,14 @@ class CoordinatorServer::Service final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
     return StartWatchStream(handler_->telemetry().hub(), *request, WatchSlot(*context),
-                            WatchFraming::kOnePerMessage);
+                            WatchFraming::kOnePerMessage,
+                            RecheckCaller(*context, "/meshrun.v1.Coordinator/WatchTelemetry"));
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetryBatches(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request, WatchSlot(*context),
-                            WatchFraming::kBatches);
+    return StartWatchStream(
+        handler_->telemetry().hub(), *request, WatchSlot(*context), WatchFraming::kBatches,
+        RecheckCaller(*context, "/meshrun.v1.Coordinator/WatchTelemetryBatches"));
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const v1::GetMetricsRequest* request,
@@ -487,9 +489,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
     ASSIGN_OR_RETURN(server->dashboard_,
                      DashboardApi::Create({.handler = server->handler_.get(),
                                            .history = &server->telemetry_->history()}));
-    ASSIGN_OR_RETURN(server->http_, HttpServer::Start({.listen = config.http_listen,
-                                                       .web_root = config.web_root,
-                                                       .api = server->dashboard_.get()}));
+    ASSIGN_OR_RETURN(server->http_,
+                     HttpServer::Start({.listen = config.http_listen,
+                                        .web_root = config.web_root,
+                                        .api = server->dashboard_.get(),
+                                        .max_streams = config.http_max_streams,
+                                        .max_streams_per_identity =
+                                            config.http_max_streams_per_identity,
+                                        .max_admin_streams = config.http_max_admin_streams}));
     spdlog::info("coordinator HTTP on port {}: dashboard at /, Prometheus at /metrics",
                  server->http_->port());
   }

@@ -53,6 +53,11 @@ class CoordinatorServer {
     // HTTP (Prometheus /metrics, the web dashboard and its JSON/SSE API); empty: no HTTP port.
     std::string http_listen;
     std::string web_root;  // the dashboard's built assets (index.html); empty: API only
+    // Its event streams (/api/watch), capped per identity and in all, admin apart
+    // (HttpServer::Config).
+    int http_max_streams = 8;
+    int http_max_streams_per_identity = 2;
+    int http_max_admin_streams = 2;
     // Automatic recovery: how long a restarted job waits for enough healthy hosts.
     absl::Duration restart_wait = absl::Seconds(60);
     // A running job none of whose hosts completed a step for this long is failed, naming the

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -218,8 +219,14 @@ absl::StatusOr<std::shared_ptr<telemetry::Watcher>> DashboardApi::OpenWatch(
     ASSIGN_OR_RETURN(since_step, NonNegative("since_step", it->second));
   }
   // A reconnecting EventSource resumes after the last event it saw.
+  // A step past the history is refused below (the hub's Subscribe); the largest int64 is
+  // refused here, since the step after it does not exist (it wrapped to the whole history).
   if (!request.last_event_id.empty()) {
     ASSIGN_OR_RETURN(int64_t last, NonNegative("Last-Event-ID", request.last_event_id));
+    if (last == std::numeric_limits<int64_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Last-Event-ID is ", last, ", past any step; give the id of the last event seen"));
+    }
     since_step = std::max(since_step, last + 1);
   }
   return config_.handler->telemetry().hub().Subscribe({.job_id = job, .since_step = since_step});

@@ -1,5 +1,4 @@
 #include "coordinator_service/http_server.h"
-#include "rpc/http_auth.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -41,6 +40,8 @@ void ReplyError(httplib::Response& response, const absl::Status& status) {
 // One open /api/watch stream.
 struct Stream {
   std::shared_ptr<telemetry::Watcher> watcher;
+  PerKeySlots::Slot slot;  // counts it against the stream limits
+  TokenRecheck recheck;    // the token that opened it must stay in the tokens file
   bool greeted = false;
   absl::Time last_write = absl::Now();
 };
@@ -48,17 +49,28 @@ struct Stream {
 }  // namespace
 
 HttpServer::HttpServer(Config config)
-    : config_(std::move(config)), server_(MakeHttplibServer()) {}
+    : config_(std::move(config)),
+      router_(std::make_unique<HttpRouter>()),
+      view_streams_(config_.max_streams, config_.max_streams_per_identity, "event streams",
+                    "--http_max_streams", "--http_max_streams_per_identity"),
+      admin_streams_(config_.max_admin_streams, config_.max_streams_per_identity,
+                     "admin event streams", "--http_max_admin_streams",
+                     "--http_max_streams_per_identity"),
+      anonymous_streams_(config_.max_streams, 0, "event streams", "--http_max_streams", "") {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
   ASSIGN_OR_RETURN(HostPort address, ParseHostPort("http_listen", config.listen));
-  if (config.api == nullptr || config.max_streams < 1) {
-    return absl::InvalidArgumentError("HttpServer needs an api and max_streams >= 1");
+  if (config.api == nullptr || config.max_streams < 1 || config.max_streams_per_identity < 1 ||
+      config.max_admin_streams < 1 || config.request_threads < 1) {
+    return absl::InvalidArgumentError(
+        "HttpServer needs an api, and stream limits (--http_max_streams, "
+        "--http_max_streams_per_identity, --http_max_admin_streams) of at least 1");
   }
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(config)));
-  httplib::Server& http = *server->server_;
-  RETURN_IF_ERROR(InstallHttpAccessControl(http, address.host));
-  DashboardApi* api = server->config_.api;
+  HttpRouter& http = *server->router_;
+  ASSIGN_OR_RETURN(server->access_, HttpAccessControl::Install(http, address.host));
+  ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> tls, MakeHttpsContext());
+  InstallSecurityHeaders(http, tls != nullptr);
   const std::string& root = server->config_.web_root;
   std::error_code error;
   if (!root.empty() && std::filesystem::exists(root + "/index.html", error)) {
@@ -68,26 +80,57 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
                  "serving /metrics and /api only", root);
   }
   http.set_keep_alive_timeout(2);
-  http.set_read_timeout(5);
-  http.set_payload_max_length(64 << 10);  // GET only; nothing needs a body
+  http.set_payload_max_length(64 << 10);  // GET, and the login form
+  server->InstallRoutes();
 
-  http.Get("/api/watch", [s = server.get()](const httplib::Request& request,
-                                            httplib::Response& response) {
+  const Config& c = server->config_;
+  absl::StatusOr<std::unique_ptr<HttpListener>> listener = HttpListener::Start(
+      {.host = address.host,
+       .port = address.port,
+       .router = &http,
+       .tls = std::move(tls),
+       .threads = c.max_streams + c.max_admin_streams + c.request_threads,
+       .request_deadline = c.request_deadline,
+       .max_connections_per_peer = c.max_connections_per_peer});
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat("--http_listen=", c.listen, ": ",
+                                               listener.status().message(),
+                                               "; pick another port or 0"));
+  }
+  server->listener_ = *std::move(listener);
+  return server;
+}
+
+void HttpServer::InstallRoutes() {
+  HttpRouter& http = *router_;
+  http.Get("/api/watch", [s = this](const httplib::Request& request,
+                                    httplib::Response& response) {
     absl::StatusOr<HttpRequest> parsed = ToRequest(request);
     if (!parsed.ok()) return ReplyError(response, parsed.status());
-    if (s->streams_.fetch_add(1) >= s->config_.max_streams) {
-      s->streams_.fetch_sub(1);
-      return ReplyError(response, absl::UnavailableError(absl::StrCat(
-                                      "already serving ", s->config_.max_streams,
-                                      " event streams; close one or retry later")));
+    const std::optional<Identity> identity = s->access_->Identify(request);
+    absl::StatusOr<PerKeySlots::Slot> slot =
+        !identity.has_value() ? s->anonymous_streams_.Acquire("anonymous")
+        : identity->role == Role::kAdmin
+            ? s->admin_streams_.Acquire(absl::StrCat(identity->source, " identity \"",
+                                                     identity->name, "\""))
+            : s->view_streams_.Acquire(absl::StrCat(identity->source, " identity \"",
+                                                    identity->name, "\""));
+    if (!slot.ok()) {
+      spdlog::warn("refused HTTP event stream from {}: {}", request.remote_addr,
+                   std::string(slot.status().message()));
+      ReplyError(response, slot.status());
+      if (absl::IsResourceExhausted(slot.status())) {  // this identity's share: 429
+        response.status = 429;
+        response.set_header("Retry-After", "5");
+      }
+      return;
     }
     absl::StatusOr<std::shared_ptr<telemetry::Watcher>> watcher =
         s->config_.api->OpenWatch(*parsed);
-    if (!watcher.ok()) {
-      s->streams_.fetch_sub(1);
-      return ReplyError(response, watcher.status());
-    }
-    auto stream = std::make_shared<Stream>(Stream{.watcher = std::move(*watcher)});
+    if (!watcher.ok()) return ReplyError(response, watcher.status());
+    auto stream = std::make_shared<Stream>(Stream{.watcher = std::move(*watcher),
+                                                  .slot = std::move(*slot),
+                                                  .recheck = s->access_->Recheck(request)});
     response.set_header("Cache-Control", "no-store");
     response.set_chunked_content_provider(
         "text/event-stream",
@@ -101,6 +144,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
             return write("retry: 2000\n\n");  // reconnect quickly; Last-Event-ID resumes
           }
           if (s->stopping_) return false;
+          // Called at least once a second: a revoked token ends the stream within that.
+          if (absl::Status still = stream->recheck.Check(); !still.ok()) {
+            spdlog::warn("HTTP event stream ended: {}", std::string(still.message()));
+            if (!write(DashboardApi::EndEvent(still, stream->watcher->resume_step()))) {
+              return false;
+            }
+            sink.done();
+            return true;
+          }
           // Bounded wait, so Stop() ends the stream within about a second.
           telemetry::Watcher::PopResult next = stream->watcher->Pop(absl::Seconds(1));
           switch (next.kind) {
@@ -121,11 +173,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
           }
           return false;
         },
-        [s, stream](bool) {
+        [stream](bool) {
           stream->watcher->Close();
-          s->streams_.fetch_sub(1);
+          stream->slot = PerKeySlots::Slot();  // the slot is free as soon as the stream ends
         });
   });
+  DashboardApi* api = config_.api;
   http.Get(".*", [api](const httplib::Request& request, httplib::Response& response) {
     absl::StatusOr<HttpRequest> parsed = ToRequest(request);
     if (!parsed.ok()) return ReplyError(response, parsed.status());
@@ -135,27 +188,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Config config) {
                                 std::exception_ptr) {
     ReplyError(response, absl::InternalError("the request failed inside the server"));
   });
-
-  if (address.port == 0) {
-    server->port_ = http.bind_to_any_port(address.host);
-  } else if (http.bind_to_port(address.host, address.port)) {
-    server->port_ = address.port;
-  } else {
-    server->port_ = -1;
-  }
-  if (server->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("--http_listen=", server->config_.listen,
-                                               ": cannot listen (port in use or address not "
-                                               "local); pick another port or 0"));
-  }
-  server->thread_ = std::thread([s = server.get()] { s->server_->listen_after_bind(); });
-  return server;
 }
 
 void HttpServer::Stop() {
   if (stopping_.exchange(true)) return;
-  server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (listener_ != nullptr) listener_->Stop();
 }
 
 HttpServer::~HttpServer() { Stop(); }

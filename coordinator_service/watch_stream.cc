@@ -54,8 +54,11 @@ size_t SerializedSize(const telemetry::Watcher::PopResult& item) {
 class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   WatchStream(std::shared_ptr<telemetry::Watcher> watcher, IdentitySlots::Slot slot,
-              WatchFraming framing)
-      : watcher_(std::move(watcher)), slot_(std::move(slot)), framing_(framing) {
+              WatchFraming framing, TokenRecheck recheck)
+      : watcher_(std::move(watcher)),
+        slot_(std::move(slot)),
+        framing_(framing),
+        recheck_(std::move(recheck)) {
     watcher_->SetNotify([this] { Pump(); });
     Pump();
   }
@@ -84,6 +87,10 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
       if (cancelled_) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      // A revoked token ends the stream before it delivers anything more.
+      if (absl::Status still = recheck_.Check(); !still.ok()) {
+        return FinishLocked(ToGrpcStatus(still));
+      }
       std::optional<absl::Status> end;
       const bool write =
           framing_ == WatchFraming::kBatches ? TakeBatchLocked(end) : TakeOneLocked(end);
@@ -147,6 +154,7 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<telemetry::Watcher> watcher_;
   IdentitySlots::Slot slot_;  // limits: counts this stream against --max_watch_streams
   const WatchFraming framing_;
+  TokenRecheck recheck_;  // the caller's bearer token, re-checked before each write
   absl::Mutex mu_;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the write in flight
   // Popped but past the batch's size: the first summary of the next batch.
@@ -167,7 +175,7 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing) {
+    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing, TokenRecheck recheck) {
   if (!slot.ok()) return new Refusal(slot.status());
   v1::WatchTelemetryRequest parsed;
   std::vector<grpc::Slice> slices;
@@ -188,7 +196,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
                            .host_detail = parsed.host_detail(),
                            .history_only = parsed.history_only()});
   if (!watcher.ok()) return new Refusal(watcher.status());
-  return new WatchStream(std::move(*watcher), std::move(*slot), framing);
+  return new WatchStream(std::move(*watcher), std::move(*slot), framing, std::move(recheck));
 }
 
 }  // namespace meshrun::services

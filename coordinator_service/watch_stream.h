@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "rpc/identity_slots.h"
+#include "rpc/security_policy.h"
 #include "telemetry/watch_hub.h"
 
 namespace meshrun::services {
@@ -34,9 +35,11 @@ enum class WatchFraming {
 // Parses `request` (a WatchTelemetryRequest) and subscribes; a bad request or a refused
 // subscription ends the stream at once with the reason (INVALID_ARGUMENT unparsable request or
 // empty job_id; the hub's Subscribe errors; `slot`'s error: RESOURCE_EXHAUSTED past
-// --max_watch_streams). The stream holds `slot` until it ends.
+// --max_watch_streams). The stream holds `slot` until it ends. Before each write it runs
+// `recheck` (rpc/tls_credentials.h RecheckCaller): once the bearer token that opened the stream
+// is revoked, the stream ends with that error (UNAUTHENTICATED) instead of delivering more.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartWatchStream(
     telemetry::WatchHub& hub, const grpc::ByteBuffer& request,
-    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing);
+    absl::StatusOr<IdentitySlots::Slot> slot, WatchFraming framing, TokenRecheck recheck = {});
 
 }  // namespace meshrun::services

@@ -8,10 +8,14 @@
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/cert_authority.h"
 #include "rpc/security_policy.h"
@@ -20,16 +24,30 @@
 namespace meshrun::services {
 namespace {
 
+// The value of cookie `name` (exactly that name; "xmeshrun_token" is another cookie), or "".
+std::string CookieValue(const httplib::Request& request, absl::string_view name) {
+  for (size_t i = 0; i < request.get_header_value_count("Cookie"); ++i) {
+    const std::string header = request.get_header_value("Cookie", i);
+    for (absl::string_view part : absl::StrSplit(header, ';')) {
+      const size_t eq = part.find('=');
+      if (eq == absl::string_view::npos) continue;
+      if (absl::StripAsciiWhitespace(part.substr(0, eq)) != name) continue;
+      absl::string_view value = absl::StripAsciiWhitespace(part.substr(eq + 1));
+      if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+        value = value.substr(1, value.size() - 2);
+      }
+      return std::string(value);
+    }
+  }
+  return "";
+}
+
+constexpr char kLoginCookie[] = "meshrun_token";
+
 std::string BearerToken(const httplib::Request& request) {
   const std::string header = request.get_header_value("Authorization");
   if (absl::StartsWith(header, "Bearer ")) return header.substr(7);
-  const std::string cookies = request.get_header_value("Cookie");
-  const std::string kCookie = "meshrun_token=";
-  if (size_t at = cookies.find(kCookie); at != std::string::npos) {
-    const size_t start = at + kCookie.size();
-    return cookies.substr(start, cookies.find(';', start) - start);
-  }
-  return "";
+  return CookieValue(request, kLoginCookie);
 }
 
 // The HTTPS certificate, and the CA that client certificates are verified against, re-read
@@ -38,6 +56,11 @@ class ReloadingCertificate {
  public:
   ReloadingCertificate(std::string cert, std::string key, std::string ca)
       : cert_(std::move(cert)), key_(std::move(key)), ca_(std::move(ca)) {}
+  ~ReloadingCertificate() {
+    X509_STORE_free(store_);
+    X509_free(x509_);
+    EVP_PKEY_free(pkey_);
+  }
 
   // OpenSSL's certificate callback: sets the current certificate and key on `ssl`.
   static int Callback(SSL* ssl, void* self) {
@@ -99,18 +122,38 @@ class ReloadingCertificate {
 
 }  // namespace
 
-std::unique_ptr<httplib::Server> MakeHttplibServer() {
+absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeHttpsContext() {
   const SecurityConfig& security = ProcessSecurity();
-  if (!TlsEnabled(security)) return std::make_unique<httplib::Server>();
-  // Lives as long as the process: the SSL context may call it until the server is gone.
+  if (!TlsEnabled(security)) return std::shared_ptr<SSL_CTX>();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return absl::InternalError("--http_listen: OpenSSL cannot make a context");
   auto* certificate =
       new ReloadingCertificate(security.tls_cert, security.tls_key, security.tls_ca);
-  return std::make_unique<httplib::SSLServer>([certificate](SSL_CTX& ctx) {
-    SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
-    SSL_CTX_set_cert_cb(&ctx, &ReloadingCertificate::Callback, certificate);
-    SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER, nullptr);  // optional: token-only callers too
-    return true;
+  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_cert_cb(ctx, &ReloadingCertificate::Callback, certificate);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);  // optional: token-only callers too
+  static constexpr unsigned char kSession[] = "meshrun-http";
+  SSL_CTX_set_session_id_context(ctx, kSession, sizeof(kSession) - 1);
+  return std::shared_ptr<SSL_CTX>(ctx, [certificate](SSL_CTX* c) {
+    SSL_CTX_free(c);
+    delete certificate;
   });
+}
+
+void InstallSecurityHeaders(httplib::Server& http, bool tls) {
+  httplib::Headers headers = {
+      {"X-Content-Type-Options", "nosniff"},
+      {"X-Frame-Options", "DENY"},
+      {"Referrer-Policy", "no-referrer"},
+      // The dashboard loads app.js and app.css from its own origin, fetches /api and opens
+      // the /api/watch event stream there; its icon is a data: URL. Nothing else.
+      {"Content-Security-Policy",
+       "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"},
+  };
+  if (tls) headers.emplace("Strict-Transport-Security", "max-age=31536000");
+  http.set_default_headers(std::move(headers));
 }
 
 namespace {
@@ -138,7 +181,7 @@ std::optional<Identity> CertificateIdentity(const httplib::Request& request) {
 
 constexpr char kLoginPage[] = R"(<!doctype html>
 <html><head><meta charset="utf-8"><title>meshrun: sign in</title></head>
-<body style="font-family: sans-serif; max-width: 32em; margin: 4em auto">
+<body>
 <h1>meshrun</h1>
 <p>%MESSAGE%</p>
 <form method="post" action="/login">
@@ -155,67 +198,177 @@ std::string LoginPage(const std::string& message) {
   return page;
 }
 
+// The host part of a Host header value ("127.0.0.1:8080", "[::1]:80", "localhost."), lower
+// case, without brackets, port or a trailing dot; empty when malformed.
+std::string HostName(const std::string& host) {
+  std::string name = absl::AsciiStrToLower(host);
+  if (absl::StartsWith(name, "[")) {
+    const size_t close = name.find(']');
+    if (close == std::string::npos) return "";
+    return name.substr(1, close - 1);
+  }
+  if (std::count(name.begin(), name.end(), ':') > 1) return "";
+  name = name.substr(0, name.find(':'));
+  if (absl::EndsWith(name, ".")) name.pop_back();
+  return name;
+}
+
+// A loopback name or address (localhost and *.localhost resolve to loopback in browsers).
+bool LoopbackHost(const std::string& host) {
+  const std::string name = HostName(host);
+  return !name.empty() && (IsLoopback(name) || absl::EndsWith(name, ".localhost"));
+}
+
+// The origin a header names: "scheme://host[:port]", lower case (a Referer's path dropped).
+std::string OriginOf(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return "";
+  return absl::AsciiStrToLower(url.substr(0, url.find('/', scheme + 3)));
+}
+
+// OK when a state-changing POST comes from the dashboard's own origin: its Origin header, or
+// lacking one its Referer, names this scheme and the Host it was sent to.
+absl::Status CheckSameOrigin(const httplib::Request& request, bool tls) {
+  const std::string own =
+      absl::StrCat(tls ? "https://" : "http://",
+                   absl::AsciiStrToLower(request.get_header_value("Host")));
+  const std::string origin = request.get_header_value("Origin");
+  const std::string referer = request.get_header_value("Referer");
+  const std::string from = !origin.empty() ? OriginOf(origin) : OriginOf(referer);
+  if (origin.empty() && referer.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        request.path, " needs an Origin or Referer header naming ", own,
+        " (the dashboard's own sign-in form sends one)"));
+  }
+  if (from != own) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        request.path, " from origin \"", !origin.empty() ? origin : referer,
+        "\" refused: only the dashboard's own page (", own, ") may post it"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status InstallHttpAccessControl(httplib::Server& http, const std::string& host) {
+absl::StatusOr<std::unique_ptr<HttpAccessControl>> HttpAccessControl::Install(
+    httplib::Server& http, const std::string& host) {
   const SecurityConfig& security = ProcessSecurity();
-  if (!http.is_valid()) return absl::InternalError("--http_listen: the HTTPS server did not start");
+  if (!http.is_valid()) return absl::InternalError("--http_listen: the HTTP server is not valid");
   if (absl::Status s = CheckPlaintextBind(security, "http_listen", host); !s.ok()) return s;
-  const bool tls = TlsEnabled(security);
-  if (security.auth_tokens_file.empty() && !tls) return absl::OkStatus();
-  std::shared_ptr<TokenStore> tokens;
+  std::unique_ptr<HttpAccessControl> control(new HttpAccessControl());
+  control->tls_ = TlsEnabled(security);
+  control->enforcing_ = control->tls_ || !security.auth_tokens_file.empty();
+  control->check_host_ = !control->tls_ && IsLoopback(host);
   if (!security.auth_tokens_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenStore>> created =
         TokenStore::Create(security.auth_tokens_file, absl::Seconds(1));
     if (!created.ok()) return created.status();
-    tokens = *std::move(created);
+    control->tokens_ = *std::move(created);
   }
+  control->InstallHandlers(http);
+  return control;
+}
+
+std::optional<Identity> HttpAccessControl::Identify(const httplib::Request& request) const {
+  if (!enforcing_) return std::nullopt;
+  if (std::optional<Identity> identity = CertificateIdentity(request); identity.has_value()) {
+    return identity;
+  }
+  const std::string token = BearerToken(request);
+  if (token.empty() || tokens_ == nullptr) return std::nullopt;
+  return tokens_->Lookup(token);
+}
+
+TokenRecheck HttpAccessControl::Recheck(const httplib::Request& request) const {
+  if (!enforcing_ || tokens_ == nullptr || CertificateIdentity(request).has_value()) return {};
+  std::string token = BearerToken(request);
+  if (token.empty()) return {};
+  return TokenRecheck(tokens_, std::move(token), "/meshrun.v1.Coordinator/ListJobs");
+}
+
+void HttpAccessControl::InstallHandlers(httplib::Server& http) {
   // Every HTTP endpoint reads (dashboard, /metrics, /api/*): role view or more; /metrics also
   // takes a scrape token (role metrics).
   const auto allowed = [](const std::string& path, const Identity& identity) {
     return Authorize("/meshrun.v1.Coordinator/ListJobs", identity).ok() ||
            (path == "/metrics" && identity.role == Role::kMetrics);
   };
-  const auto lookup = [tokens](const std::string& token) -> std::optional<Identity> {
-    if (token.empty() || tokens == nullptr) return std::nullopt;
-    return tokens->Lookup(token);
-  };
-  // The page's login: POST /login with token=<token> sets the cookie meshrun_token.
-  http.Get("/login", [](const httplib::Request&, httplib::Response& response) {
-    response.set_content(LoginPage("Sign in with a token."), "text/html");
-  });
-  http.Post("/login", [lookup, tls](const httplib::Request& request, httplib::Response& response) {
-    const std::string token = request.get_param_value("token");
-    std::optional<Identity> identity = lookup(token);
-    if (!identity.has_value() || !Authorize("/meshrun.v1.Coordinator/ListJobs", identity).ok()) {
-      spdlog::warn("refused HTTP login from {}: {}", request.remote_addr,
-                   identity.has_value() ? "role " + RoleName(identity->role) + " cannot view"
-                                        : "unknown or revoked token");
-      response.status = 401;
-      response.set_content(LoginPage("That token is unknown, revoked, or cannot view."),
-                           "text/html");
-      return;
+  const bool tls = tls_;
+  if (enforcing_) {
+    // The page's login: POST /login with token=<token> in the form body sets the cookie
+    // meshrun_token.
+    http.Get("/login", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content(LoginPage("Sign in with a token."), "text/html");
+    });
+    http.Post("/login", [this, tls](const httplib::Request& request,
+                                    httplib::Response& response) {
+      const auto refuse = [&](int status, const std::string& why, const std::string& page) {
+        spdlog::warn("refused HTTP login from {}: {}", request.remote_addr, why);
+        response.status = status;
+        response.set_content(LoginPage(page), "text/html");
+      };
+      if (absl::Status same = CheckSameOrigin(request, tls); !same.ok()) {
+        return refuse(403, std::string(same.message()),
+                      "Sign in from this dashboard's own page.");
+      }
+      if (request.target.find('?') != std::string::npos) {
+        return refuse(400, "a query string on POST /login (the token belongs in the form body)",
+                      "Send the token in the form body, never in the URL (URLs are logged).");
+      }
+      if (request.get_param_value_count("token") != 1) {
+        return refuse(400, "the form has no single token field", "Give one token.");
+      }
+      const std::string token = request.get_param_value("token");
+      std::optional<Identity> identity =
+          tokens_ == nullptr ? std::nullopt : tokens_->Lookup(token);
+      if (!identity.has_value() ||
+          !Authorize("/meshrun.v1.Coordinator/ListJobs", identity).ok()) {
+        return refuse(401,
+                      identity.has_value() ? "role " + RoleName(identity->role) + " cannot view"
+                                           : "unknown or revoked token",
+                      "That token is unknown, revoked, or cannot view.");
+      }
+      spdlog::info("HTTP login of token \"{}\" from {}", identity->name, request.remote_addr);
+      response.status = 303;
+      response.set_header("Location", "/");
+      response.set_header("Set-Cookie", absl::StrCat(kLoginCookie, "=", token,
+                                                     "; Path=/; HttpOnly; SameSite=Strict",
+                                                     tls ? "; Secure" : ""));
+    });
+    // Logging out needs no origin check: at worst another site signs a browser out.
+    http.Post("/logout", [tls](const httplib::Request&, httplib::Response& response) {
+      response.status = 303;
+      response.set_header("Location", "/login");
+      response.set_header("Set-Cookie", absl::StrCat(kLoginCookie,
+                                                     "=; Path=/; Max-Age=0; HttpOnly; "
+                                                     "SameSite=Strict",
+                                                     tls ? "; Secure" : ""));
+    });
+  }
+  http.set_pre_routing_handler([this, allowed](const httplib::Request& request,
+                                               httplib::Response& response) {
+    if (check_host_ && request.has_header("Host") &&
+        !LoopbackHost(request.get_header_value("Host"))) {
+      const std::string host = request.get_header_value("Host");
+      spdlog::warn("refused HTTP {} {} from {}: Host \"{}\" is not a loopback name or address",
+                   request.method, request.path, request.remote_addr, host);
+      response.status = 421;
+      response.set_content(
+          absl::StrCat("MISDIRECTED: this dashboard serves loopback only; Host \"", host,
+                       "\" is not a loopback name or address (a web page reaching it through "
+                       "DNS rebinding?); open it as http://127.0.0.1:<port>/ or "
+                       "http://localhost:<port>/\n"),
+          "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
     }
-    spdlog::info("HTTP login of token \"{}\" from {}", identity->name, request.remote_addr);
-    response.status = 303;
-    response.set_header("Location", "/");
-    response.set_header("Set-Cookie", absl::StrCat("meshrun_token=", token,
-                                                   "; Path=/; HttpOnly; SameSite=Strict",
-                                                   tls ? "; Secure" : ""));
-  });
-  http.Post("/logout", [](const httplib::Request&, httplib::Response& response) {
-    response.status = 303;
-    response.set_header("Location", "/login");
-    response.set_header("Set-Cookie", "meshrun_token=; Path=/; Max-Age=0; HttpOnly");
-  });
-  http.set_pre_routing_handler([allowed, lookup](const httplib::Request& request,
-                                                 httplib::Response& response) {
-    if (request.path == "/login" || request.path == "/logout") {
+    if (!enforcing_ || request.path == "/login" || request.path == "/logout") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     std::optional<Identity> identity = CertificateIdentity(request);
     const std::string token = identity.has_value() ? "" : BearerToken(request);
-    if (!identity.has_value()) identity = lookup(token);
+    if (!identity.has_value() && !token.empty() && tokens_ != nullptr) {
+      identity = tokens_->Lookup(token);
+    }
     if (identity.has_value() && allowed(request.path, *identity)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -241,7 +394,6 @@ absl::Status InstallHttpAccessControl(httplib::Server& http, const std::string& 
                          "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   });
-  return absl::OkStatus();
 }
 
 }  // namespace meshrun::services

@@ -200,6 +200,9 @@ absl::Status TokenStore::Reload() {
   const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   if (mtime == mtime_ns_ && st.st_size == size_) return absl::OkStatus();
   std::ifstream in(path_);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("--auth_tokens_file=", path_, ": cannot read it"));
+  }
   std::stringstream text;
   text << in.rdbuf();
   auto entries = Parse(text.str());
@@ -214,21 +217,89 @@ absl::Status TokenStore::Reload() {
   return absl::OkStatus();
 }
 
+void TokenStore::RecheckLocked() {
+  const absl::Time now = absl::Now();
+  if (now - last_check_ < recheck_) return;
+  last_check_ = now;
+  absl::Status s = Reload();
+  if (absl::IsNotFound(s)) {
+    // Fail closed: a deleted tokens file revokes every token (an operator removing it means
+    // "no more tokens"), until a readable file is back.
+    if (!missing_) {
+      spdlog::error("auth tokens: {}; every token is revoked until the file is back",
+                    std::string(s.message()));
+    }
+    missing_ = true;
+    entries_.clear();
+    mtime_ns_ = -1;
+    size_ = -1;
+    return;
+  }
+  if (missing_ && s.ok()) spdlog::info("auth tokens: {} is back", path_);
+  missing_ = false;
+  if (!s.ok()) {
+    spdlog::warn("auth tokens: the file no longer parses, keeping the last good table of {} "
+                 "tokens: {}",
+                 entries_.size(), std::string(s.message()));
+    // Warn once per change of the file, not at every recheck.
+    struct stat st;
+    if (stat(path_.c_str(), &st) == 0) {
+      mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+      size_ = st.st_size;
+    }
+  }
+}
+
 std::optional<Identity> TokenStore::Lookup(const std::string& token) {
   const std::string hash = Sha256Hex(token);
   absl::MutexLock l(&mu_);
-  const absl::Time now = absl::Now();
-  if (now - last_check_ >= recheck_) {
-    last_check_ = now;
-    if (absl::Status s = Reload(); !s.ok()) {
-      spdlog::warn("auth tokens: keeping the previous table: {}", std::string(s.message()));
-    }
-  }
+  RecheckLocked();
   std::optional<Identity> found;
   for (const Entry& entry : entries_) {  // no early exit: time does not depend on the match
     if (ConstantTimeEquals(entry.sha256_hex, hash)) found = entry.identity;
   }
   return found;
+}
+
+TokenRecheck::TokenRecheck(std::shared_ptr<TokenStore> tokens, std::string token,
+                           std::string method, absl::Duration every)
+    : tokens_(std::move(tokens)),
+      token_(std::move(token)),
+      method_(std::move(method)),
+      every_(every) {}
+
+TokenRecheck::TokenRecheck(TokenRecheck&& other) noexcept
+    : tokens_(std::move(other.tokens_)),
+      token_(std::move(other.token_)),
+      method_(std::move(other.method_)),
+      every_(other.every_) {}
+
+TokenRecheck& TokenRecheck::operator=(TokenRecheck&& other) noexcept {
+  tokens_ = std::move(other.tokens_);
+  token_ = std::move(other.token_);
+  method_ = std::move(other.method_);
+  every_ = other.every_;
+  absl::MutexLock l(&mu_);
+  checked_ = absl::InfinitePast();
+  last_ = absl::OkStatus();
+  return *this;
+}
+
+absl::Status TokenRecheck::Check() {
+  if (tokens_ == nullptr) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - checked_ < every_) return last_;
+  checked_ = now;
+  std::optional<Identity> identity = tokens_->Lookup(token_);
+  if (!identity.has_value()) {
+    last_ = absl::UnauthenticatedError(absl::StrCat(
+        "the bearer token that opened this stream is no longer in --auth_tokens_file=",
+        tokens_->path(), " (revoked); sign in again with a current token"));
+  } else {
+    last_ = Authorize(method_, identity);
+  }
+  return last_;
 }
 
 }  // namespace meshrun::services

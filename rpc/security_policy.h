@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,8 +61,9 @@ absl::Status Authorize(const std::string& method, const std::optional<Identity>&
 // Bearer tokens from a file of lines "<sha256 hex of the token> <role> <name>" ('#' starts a
 // comment). Only hashes are stored; lookups compare in constant time. The file is re-read when
 // its modification time or size changes (checked at most once per `recheck`), so a removed line
-// revokes its token without a restart. A file that no longer parses keeps the last good table
-// and logs why.
+// revokes its token without a restart. A file that is gone (deleted, or no longer readable)
+// revokes every token until it is back, logged as an error once; a file that no longer parses
+// keeps the last good table, logged as a warning naming the line.
 class TokenStore {
  public:
   // Errors: NOT_FOUND / INVALID_ARGUMENT naming the file and line.
@@ -69,6 +71,8 @@ class TokenStore {
                                                             absl::Duration recheck);
   // The identity the token grants, or nullopt.
   std::optional<Identity> Lookup(const std::string& token);
+
+  const std::string& path() const { return path_; }
 
   // Parses the file's text. Errors: INVALID_ARGUMENT naming the line.
   struct Entry {
@@ -80,6 +84,7 @@ class TokenStore {
  private:
   TokenStore(std::string path, absl::Duration recheck) : path_(std::move(path)), recheck_(recheck) {}
   absl::Status Reload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecheckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const absl::Duration recheck_;
@@ -88,6 +93,36 @@ class TokenStore {
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t size_ ABSL_GUARDED_BY(mu_) = -1;
+  bool missing_ ABSL_GUARDED_BY(mu_) = false;  // the file was gone at the last check
+};
+
+// Re-authorizes a long-lived call (a watch stream, an SSE stream) that a bearer token opened,
+// so a token removed from the tokens file ends the streams it opened too. A default-made
+// TokenRecheck (a certificate identity, or no policy) always passes.
+//
+// Thread-safety: Check() may be called from any thread. Lifetime: shares the TokenStore.
+class TokenRecheck {
+ public:
+  TokenRecheck() = default;
+  // `method`: the gRPC method whose role the caller must still hold (the HTTP side uses
+  // ListJobs, its role view). Looks the token up at most once per `every`.
+  TokenRecheck(std::shared_ptr<TokenStore> tokens, std::string token, std::string method,
+               absl::Duration every = absl::Milliseconds(250));
+  TokenRecheck(TokenRecheck&& other) noexcept;
+  TokenRecheck& operator=(TokenRecheck&& other) noexcept;
+
+  // Errors: UNAUTHENTICATED when the token is no longer in the tokens file,
+  // PERMISSION_DENIED when its role no longer allows `method`.
+  absl::Status Check();
+
+ private:
+  std::shared_ptr<TokenStore> tokens_;
+  std::string token_;
+  std::string method_;
+  absl::Duration every_ = absl::Milliseconds(250);
+  absl::Mutex mu_;
+  absl::Time checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status last_ ABSL_GUARDED_BY(mu_);
 };
 
 // Constant-time equality of two strings of equal length (false when lengths differ).

@@ -208,15 +208,6 @@ class ServerIdentityVerifier final : public grpc::experimental::ExternalCertific
   const std::string cluster_;
 };
 
-bool IsLoopback(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr v4;
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6;
-  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
-  return false;
-}
-
 absl::Status Readable(const std::string& flag, const std::string& path) {
   if (access(path.c_str(), R_OK) != 0) {
     return absl::InvalidArgumentError(
@@ -276,6 +267,15 @@ const SecurityConfig& ProcessSecurity() { return ProcessConfig(); }
 
 std::string DefaultListenAddress(int port) {
   return absl::StrCat(TlsEnabled(ProcessSecurity()) ? "[::]" : "127.0.0.1", ":", port);
+}
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
 }
 
 absl::Status CheckPlaintextBind(const SecurityConfig& config, const std::string& flag,
@@ -380,6 +380,21 @@ std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context) {
   }
   if (identity.has_value()) identity->peer = context.peer();
   return identity;
+}
+
+TokenRecheck RecheckCaller(const grpc::ServerContextBase& context, const std::string& method) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr) return {};
+  std::string problem;
+  if (CertificateIdentity(*auth, &problem).has_value()) return {};  // not revocable here
+  std::string token = BearerToken(context.client_metadata());
+  std::shared_ptr<TokenStore> tokens;
+  {
+    absl::MutexLock l(&tokens_mu);
+    tokens = ProcessTokens();
+  }
+  if (token.empty() || tokens == nullptr) return {};
+  return TokenRecheck(std::move(tokens), std::move(token), method);
 }
 
 absl::Status CheckWorkerHost(const grpc::ServerContextBase& context, const std::string& host) {

@@ -50,6 +50,9 @@ std::string ProcessCluster();
 // "127.0.0.1:<port>" without TLS, "[::]:<port>" with it.
 std::string DefaultListenAddress(int port);
 
+// "localhost", 127.0.0.0/8 or ::1 (an address or name as written, without brackets or port).
+bool IsLoopback(const std::string& host);
+
 // OK when `host` may be bound under `config`: anything with TLS; loopback in plaintext; other
 // addresses in plaintext only with `insecure` (then a warning is logged).
 // Errors: FAILED_PRECONDITION naming the address and the two ways out.
@@ -87,6 +90,11 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
 // bearer token (looked up again in this process's tokens file), with its address; nullopt
 // without TLS.
 std::optional<Identity> PeerIdentity(const grpc::ServerContextBase& context);
+
+// For a long call (a watch stream): re-checks, while it runs, that the bearer token that
+// authorised it is still in this process's tokens file (TokenRecheck::Check, to call at each
+// write). A certificate caller, or one without a token, gets a recheck that always passes.
+TokenRecheck RecheckCaller(const grpc::ServerContextBase& context, const std::string& method);
 
 // OK unless TLS is on and the caller is a worker whose certificate names another host.
 // Errors: PERMISSION_DENIED naming both host names.

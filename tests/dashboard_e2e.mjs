@@ -23,6 +23,8 @@ try {
   page.on('pageerror', (error) => errors.push(String(error)));
   page.on('console', (message) => {
     if (message.type() === 'error') console.error(`page console: ${message.text()}`);
+    // The server's Content-Security-Policy must allow everything the page loads.
+    if (/Content Security Policy/i.test(message.text())) errors.push(message.text());
   });
   await page.goto(url, { waitUntil: 'load', timeout: 20000 });
   await page.waitForSelector('#workers tbody tr[data-host]', { timeout: 20000 });

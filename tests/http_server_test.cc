@@ -15,6 +15,7 @@
 #include "coordinator/coordinator_telemetry.h"
 #include "worker_service/worker_server.h"
 #include "telemetry/prometheus.h"
+#include "testing/telemetry_job.h"
 
 namespace meshrun::services {
 namespace {
@@ -139,25 +140,9 @@ TEST(DashboardStreamTest, ResumesGoesLiveEndsAndLimitsStreams) {
   auto http = HttpServer::Start({.listen = "127.0.0.1:0", .api = api->get(), .max_streams = 1});
   ASSERT_TRUE(http.ok()) << http.status();
 
-  v1::JobManifest job;
-  job.set_job_id("job-a");
-  v1::TelemetryDeclaration* loss = job.mutable_spec()->add_telemetry();
-  loss->set_name("loss");
-  loss->set_combine(v1::COMBINE_MEAN);
-  job.mutable_mesh()->add_shape(1);
-  (*job.mutable_host_incarnations())["h0"] = "i0";
-  ASSERT_TRUE((*telemetry)->DeclareJob("job-a", job.spec()).ok());
-  ASSERT_TRUE((*telemetry)->StartJob(job).ok());
+  ASSERT_TRUE(testing::StartLossJob(**telemetry, "job-a").ok());
   auto send = [&](int step) {  // EXPECT, not ASSERT: it also runs while a reader thread does
-    v1::HostSummary summary;
-    summary.set_job_id("job-a");
-    summary.set_step(step);
-    summary.set_host("h0");
-    summary.set_replica_count(1);
-    v1::TelemetryValue* value = summary.add_values();
-    value->set_name("loss");
-    value->add_values(10.0f / step);
-    EXPECT_TRUE((*telemetry)->Accept(summary).ok());
+    EXPECT_TRUE(testing::SendLoss(**telemetry, "job-a", step, 10.0f / step).ok());
   };
   for (int step = 1; step <= 3; ++step) send(step);
 
@@ -220,8 +205,7 @@ TEST(DashboardStreamTest, ResumesGoesLiveEndsAndLimitsStreams) {
   EXPECT_FALSE(absl::StrContains(replay->body, "id: 2\n")) << replay->body;
 
   // Stopping the server ends an open stream of a live job promptly.
-  job.set_job_id("job-b");
-  ASSERT_TRUE((*telemetry)->DeclareJob("job-b", job.spec()).ok());
+  ASSERT_TRUE(testing::StartLossJob(**telemetry, "job-b").ok());
   {
     absl::MutexLock lock(&mu);
     events.clear();

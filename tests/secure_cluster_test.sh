@@ -194,11 +194,15 @@ method=()
 c=$(code -H "Accept: text/html" -D "$tmp/redirect.txt" "https://coordinator:$http/")
 [ "$c" = 303 ] && grep -qi "^location: /login" "$tmp/redirect.txt" || fail "no redirect to /login ($c)"
 [ "$(code "https://coordinator:$http/login")" = 200 ] || fail "login form"
-[ "$(code -X POST --data-urlencode "token=nope" "https://coordinator:$http/login")" = 401 ] \
+# A browser's own form sends its Origin; another site's form is refused (login CSRF).
+own=(-H "Origin: https://coordinator:$http")
+[ "$(code -X POST "${own[@]}" --data-urlencode "token=nope" "https://coordinator:$http/login")" = 401 ] \
   || fail "login with an unknown token"
-[ "$(code -X POST --data-urlencode "token=$scrape_token" "https://coordinator:$http/login")" = 401 ] \
+[ "$(code -X POST "${own[@]}" --data-urlencode "token=$scrape_token" "https://coordinator:$http/login")" = 401 ] \
   || fail "login with a scrape token"
-c=$(code -X POST --data-urlencode "token=$view_token" -c "$tmp/cookies" "https://coordinator:$http/login")
+[ "$(code -X POST -H "Origin: https://evil.example" --data-urlencode "token=$view_token" \
+    "https://coordinator:$http/login")" = 403 ] || fail "cross-origin login not refused"
+c=$(code -X POST "${own[@]}" --data-urlencode "token=$view_token" -c "$tmp/cookies" "https://coordinator:$http/login")
 [ "$c" = 303 ] || fail "login: $c"
 grep -q "meshrun_token" "$tmp/cookies" || fail "login set no cookie"
 [ "$(code -b "$tmp/cookies" "https://coordinator:$http/api/jobs")" = 200 ] || fail "login cookie"
