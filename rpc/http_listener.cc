@@ -422,14 +422,13 @@ void HttpListener::Accept(std::vector<std::unique_ptr<Connection>>& staged) {
       if (open_here == 0) per_peer_.erase(c->peer);
     }
     if (refused_full || refused_peer) {
-      const std::string peer = c->peer;
-      c.reset();  // closes it
       if (refused_full) {
-        Refused(&Stats::refused_full, "a connection past the limit in all", peer);
+        Refused(&Stats::refused_full, "a connection past the limit in all", c->peer);
       } else {
         Refused(&Stats::refused_peer_limit, "a connection past the limit per peer address",
-                peer);
+                c->peer);
       }
+      c.reset();  // closes it, once counted
       continue;
     }
     const int yes = 1;
@@ -501,9 +500,9 @@ void HttpListener::Stage() {
     const absl::Time now = absl::Now();
     for (auto& c : staged) {
       if (c == nullptr || now < c->deadline) continue;
-      const std::string peer = c->peer;
+      // Counted before the close, so whoever sees the close sees the count.
+      Refused(&Stats::expired, "a connection with no complete request by its deadline", c->peer);
       Close(std::move(c));
-      Refused(&Stats::expired, "a connection with no complete request by its deadline", peer);
     }
     staged.erase(std::remove(staged.begin(), staged.end(), nullptr), staged.end());
   }
