@@ -18,9 +18,7 @@
 #include "coordinator/progress_monitor.h"
 #include "coordinator_service/watch_stream.h"
 #include "rpc/identity_slots.h"
-#include "rpc/refusal_log.h"
 #include "rpc/server_support.h"
-#include "rpc/stream_slots.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/unary_reactor.h"
 #include "runtime/runtime_setup.h"
@@ -36,7 +34,7 @@ class CoordinatorServer::UploadReactor final
   // limits: `slot` counts the stream against --max_upload_streams; refused, the stream ends
   // at once with its RESOURCE_EXHAUSTED.
   UploadReactor(CoordinatorTelemetry* telemetry, const JobMembership* membership,
-                grpc::CallbackServerContext* context, absl::StatusOr<StreamSlots::Slot> slot)
+                grpc::CallbackServerContext* context, absl::StatusOr<IdentitySlots::Slot> slot)
       : telemetry_(telemetry), membership_(membership), context_(context) {
     if (!slot.ok()) {
       absl::MutexLock lock(&mu_);
@@ -103,7 +101,7 @@ class CoordinatorServer::UploadReactor final
   CoordinatorTelemetry* const telemetry_;
   const JobMembership* const membership_;
   grpc::CallbackServerContext* const context_;
-  StreamSlots::Slot slot_;
+  IdentitySlots::Slot slot_;
   v1::HostSummary in_;
   absl::Mutex mu_;
   v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
@@ -126,8 +124,8 @@ class CoordinatorServer::Service final
         watch_slots_(limits.max_watch_streams, limits.max_watch_streams_per_identity,
                      "WatchTelemetry streams", "--max_watch_streams",
                      "--max_watch_streams_per_identity"),
-        upload_slots_(limits.max_upload_streams, "UploadTelemetry streams",
-                      "--max_upload_streams"),
+        upload_slots_(limits.max_upload_streams, 0, "UploadTelemetry streams",
+                      "--max_upload_streams", ""),
         slow_slots_(limits.max_slow_calls, limits.max_slow_calls_per_identity,
                     "calls waiting on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
                     "DrainWorker, CheckpointJob, PreemptJob, ReportJobProgress, "
@@ -244,18 +242,20 @@ class CoordinatorServer::Service final
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
     return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context,
-                             upload_slots_.Acquire());
+                             upload_slots_.Acquire(PeerIdentity(*context)));
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
-    return StartWatchStream(handler_->telemetry().hub(), *request, WatchSlot(*context),
+    return StartWatchStream(handler_->telemetry().hub(), *request,
+                            watch_slots_.Acquire(PeerIdentity(*context)),
                             WatchFraming::kOnePerMessage,
                             RecheckCaller(*context, "/meshrun.v1.Coordinator/WatchTelemetry"));
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetryBatches(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
     return StartWatchStream(
-        handler_->telemetry().hub(), *request, WatchSlot(*context), WatchFraming::kBatches,
+        handler_->telemetry().hub(), *request, watch_slots_.Acquire(PeerIdentity(*context)),
+        WatchFraming::kBatches,
         RecheckCaller(*context, "/meshrun.v1.Coordinator/WatchTelemetryBatches"));
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
@@ -334,13 +334,8 @@ class CoordinatorServer::Service final
   // so gRPC's callback threads stay free for heartbeats.
   template <typename Handler>
   grpc::ServerUnaryReactor* OffThread(grpc::CallbackServerContext* context, Handler handler) {
-    const std::optional<Identity> caller = PeerIdentity(*context);
-    absl::StatusOr<IdentitySlots::Slot> slot = slow_slots_.Acquire(caller);
-    if (!slot.ok()) {
-      RefusalLog::Process().Record(CallerName(caller), "resource_exhausted slow_calls",
-                                   absl::StrCat("refused a slow call: ", slot.status().message()));
-      return Refuse(context->DefaultReactor(), slot.status());
-    }
+    absl::StatusOr<IdentitySlots::Slot> slot = slow_slots_.Acquire(PeerIdentity(*context));
+    if (!slot.ok()) return Refuse(context->DefaultReactor(), slot.status());
     return FinishUnaryOffThread(
         context, slow_calls_,
         [handler = std::move(handler),
@@ -349,16 +344,6 @@ class CoordinatorServer::Service final
           slot.reset();  // free before the client hears, so its next call finds it
           return status;
         });
-  }
-  // limits: the caller's share of the watch streams; a refusal is counted for /metrics.
-  absl::StatusOr<IdentitySlots::Slot> WatchSlot(const grpc::CallbackServerContext& context) {
-    const std::optional<Identity> caller = PeerIdentity(context);
-    absl::StatusOr<IdentitySlots::Slot> slot = watch_slots_.Acquire(caller);
-    if (!slot.ok()) {
-      RefusalLog::Process().Record(CallerName(caller), "resource_exhausted watch_streams",
-                                   absl::StrCat("refused a watch: ", slot.status().message()));
-    }
-    return slot;
   }
   // security: a worker reaches only the keys and reports of its jobs (job_membership.h).
   absl::Status KeyAllowed(grpc::CallbackServerContext* context, const std::string& key) {
@@ -375,7 +360,7 @@ class CoordinatorServer::Service final
 
   CoordinatorRpcHandler* const handler_;
   IdentitySlots watch_slots_;  // limits: --max_watch_streams, a share per identity
-  StreamSlots upload_slots_;   // limits: --max_upload_streams
+  IdentitySlots upload_slots_;  // limits: --max_upload_streams, no share (one a worker)
   IdentitySlots slow_slots_;   // limits: --max_slow_calls, a share per identity
   BackgroundTasks slow_calls_;  // joined by Drain, before the server goes
 };

@@ -2,7 +2,7 @@
 // hold more than `per_key` slots, nor all keys together more than `total`, so one caller cannot
 // take every slot. A slot is given back when its Slot is destroyed. Generic: the HTTP port
 // uses it for its event streams, keyed by identity, one instance per class of traffic (admin
-// apart from view).
+// apart from view); rpc/identity_slots.h builds the gRPC services' shares on it.
 //
 // Lifetime: a Slot shares the counters, so it may outlive its PerKeySlots.
 // Thread-safety: every method, and a Slot's release, is safe from any thread.
