@@ -34,15 +34,8 @@ bool RefusalLog::Record(const std::string& caller, const std::string& reason,
   {
     absl::MutexLock lock(&mu_);
     auto key = std::make_pair(caller, reason);
-    if (!pairs_.contains(key)) {
-      auto first = pairs_.lower_bound({caller, ""});  // counted under another reason already?
-      const bool known = first != pairs_.end() && first->first.first == caller;
-      if (!known && callers_ >= kMaxCallers) {
-        key.first = "other";
-      } else if (!known) {
-        ++callers_;
-      }
-    }
+    // Callers and methods (a refused call's path is the caller's to choose) stay bounded.
+    if (!pairs_.contains(key) && pairs_.size() >= kMaxPairs) key = {"other", "other"};
     Pair& pair = pairs_[key];
     ++pair.count;
     if (now - window_start_ >= interval_) {

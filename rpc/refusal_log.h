@@ -5,8 +5,9 @@
 // `lines_per_interval` lines per interval. Counts stay for /metrics
 // (meshrun_refused_calls_total{caller, reason}).
 //
-// `caller` is "unauthenticated" or an identity's "<role>/<name>"; at most kMaxCallers distinct
-// callers are counted by name, the rest as "other", so the counts stay small whoever calls.
+// `caller` is "unauthenticated" or an identity's "<role>/<name>"; at most kMaxPairs (caller,
+// reason) pairs are counted by name, the rest as ("other", "other"), so the counts stay small
+// whoever calls and whatever method path they send.
 //
 // Lifetime: Process() lives as long as the process.
 // Thread-safety: every method is safe from any thread.
@@ -31,7 +32,7 @@ std::string CallerName(const std::optional<Identity>& caller);
 
 class RefusalLog {
  public:
-  static constexpr int kMaxCallers = 256;
+  static constexpr size_t kMaxPairs = 1024;
 
   RefusalLog(absl::Duration interval, int lines_per_interval)
       : interval_(interval), lines_per_interval_(lines_per_interval) {}
@@ -60,7 +61,6 @@ class RefusalLog {
   const int lines_per_interval_;
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, Pair> pairs_ ABSL_GUARDED_BY(mu_);
-  int callers_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int lines_in_window_ ABSL_GUARDED_BY(mu_) = 0;
 };

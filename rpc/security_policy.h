@@ -38,9 +38,9 @@ absl::StatusOr<Role> ParseRole(const std::string& name);
 struct Identity {
   Role role = Role::kView;
   std::string name;
+  std::string source;   // "certificate" or "token"
+  std::string peer;     // the caller's address ("ipv4:10.0.0.5:51234"); set by PeerIdentity
   std::string cluster;  // a certificate's <cluster>; empty for a token
-  std::string source;  // "certificate" or "token"
-  std::string peer;    // the caller's address ("ipv4:10.0.0.5:51234"); set by PeerIdentity
 };
 
 // Parses "spiffe://<cluster>/<role>/<name>". Errors: INVALID_ARGUMENT saying what is wrong.

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/sha256.h"
+#include "rpc/refusal_log.h"
 
 namespace meshrun::services {
 namespace {
@@ -83,6 +84,30 @@ TEST(SecurityPolicyTest, ConstantTimeEquals) {
   EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
+}
+
+// security (issue 27, item 7): a pair logs once per interval and counts every refusal; however
+// many callers and method paths a flood brings, the counts stay bounded.
+TEST(RefusalLogTest, LogsOncePerIntervalCountsAllAndStaysBounded) {
+  RefusalLog log(absl::Hours(1), 3);
+  EXPECT_TRUE(log.Record("unauthenticated", "unauthenticated ListJobs", "refused"));
+  EXPECT_FALSE(log.Record("unauthenticated", "unauthenticated ListJobs", "refused"));
+  EXPECT_TRUE(log.Record("view/vic", "permission_denied SubmitJob", "refused"));
+  EXPECT_TRUE(log.Record("view/val", "permission_denied SubmitJob", "refused"));
+  EXPECT_FALSE(log.Record("view/eve", "permission_denied SubmitJob", "refused"))
+      << "3 lines an interval in all";
+  for (int i = 0; i < 3000; ++i) {
+    log.RecordCall(std::nullopt, "/x/" + std::to_string(i),
+                   absl::UnauthenticatedError("no identity"), "refused");
+  }
+  const auto counts = log.Counts();
+  EXPECT_LE(counts.size(), RefusalLog::kMaxPairs + 1);
+  int64_t total = 0;
+  for (const auto& [key, count] : counts) total += count;
+  EXPECT_EQ(total, 3005);
+  EXPECT_EQ(counts.at({"unauthenticated", "unauthenticated ListJobs"}), 2);
+  EXPECT_GT(counts.at({"other", "other"}), 0);
+  EXPECT_EQ(counts.count({"unauthenticated", "unauthenticated 7"}), 1u);
 }
 
 }  // namespace
