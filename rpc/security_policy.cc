@@ -199,6 +199,9 @@ absl::Status TokenStore::Reload() {
   }
   const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   if (mtime == mtime_ns_ && st.st_size == size_) return absl::OkStatus();
+  // This version is read once, parsed or not: a broken file is reported once per change.
+  mtime_ns_ = mtime;
+  size_ = st.st_size;
   std::ifstream in(path_);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("--auth_tokens_file=", path_, ": cannot read it"));
@@ -211,8 +214,6 @@ absl::Status TokenStore::Reload() {
         absl::StrCat("--auth_tokens_file=", path_, ": ", entries.status().message()));
   }
   entries_ = *std::move(entries);
-  mtime_ns_ = mtime;
-  size_ = st.st_size;
   spdlog::info("auth tokens: {} loaded from {}", entries_.size(), path_);
   return absl::OkStatus();
 }
@@ -241,12 +242,6 @@ void TokenStore::RecheckLocked() {
     spdlog::warn("auth tokens: the file no longer parses, keeping the last good table of {} "
                  "tokens: {}",
                  entries_.size(), std::string(s.message()));
-    // Warn once per change of the file, not at every recheck.
-    struct stat st;
-    if (stat(path_.c_str(), &st) == 0) {
-      mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-      size_ = st.st_size;
-    }
   }
 }
 

@@ -348,7 +348,10 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
   if (expect.has_value()) {
     options.set_certificate_verifier(
         grpc::experimental::ExternalCertificateVerifier::Create<ServerIdentityVerifier>(
-            *expect, OwnCluster(config)));
+            // The process's own certificate was read once (SetProcessSecurity); channels are
+            // made per call in places (a /metrics scrape asks every worker).
+            *expect, config.tls_cert == ProcessSecurity().tls_cert ? ProcessCluster()
+                                                                   : OwnCluster(config)));
   } else {
     options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
   }
