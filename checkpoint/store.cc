@@ -287,16 +287,11 @@ std::vector<int64_t> CommittedSteps(const std::string& root) {
 
 namespace {
 
-// A directory meshrun writes checkpoints to: it holds a manifest-committed or a temp step.
-bool IsMeshrunRoot(const std::string& root) {
+// Whether `root` holds a temp step directory (one meshrun is writing, or abandoned).
+bool HoldsTempStep(const std::string& root) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
-    const std::string name = entry.path().filename().string();
-    int64_t step = 0;
-    if (name.find(kTempSuffix) != std::string::npos ||
-        (IsStepName(name, &step) && fs::exists(entry.path() / kManifestFile, error))) {
-      return true;
-    }
+    if (entry.path().filename().string().find(kTempSuffix) != std::string::npos) return true;
   }
   return false;
 }
@@ -324,13 +319,13 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   std::vector<int64_t> steps = CommittedSteps(path);
   // In a directory only Orbax wrote (a CheckpointManager's), Orbax-committed steps count; in
   // meshrun's own, a step without a manifest was not committed by meshrun.
-  const bool meshrun_root = IsMeshrunRoot(path);
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(path, error)) {
-    if (!meshrun_root && entry.is_directory() &&
-        IsStepName(entry.path().filename().string(), &step) &&
-        !OrbaxItemDir(entry.path().string()).empty()) {
-      steps.push_back(step);
+  if (steps.empty() && !HoldsTempStep(path)) {
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(path, error)) {
+      if (entry.is_directory() && IsStepName(entry.path().filename().string(), &step) &&
+          !OrbaxItemDir(entry.path().string()).empty()) {
+        steps.push_back(step);
+      }
     }
   }
   std::sort(steps.begin(), steps.end());

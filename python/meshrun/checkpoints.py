@@ -25,12 +25,6 @@ def _orbax_item_dir(path):
     return items[0] if len(items) == 1 else ""
 
 
-def _is_meshrun_root(path):
-    """A directory meshrun writes checkpoints to: it holds a committed or a temp step."""
-    return any(_TEMP_SUFFIX in e or (_is_step_name(e) and os.path.exists(
-        os.path.join(path, e, MANIFEST_FILE))) for e in os.listdir(path))
-
-
 def resolve_checkpoint(path):
     """A committed step directory from `path`: a step directory, or a checkpoint directory
     (its newest committed step). In a directory meshrun writes to only manifest-committed steps
@@ -52,14 +46,12 @@ def resolve_checkpoint(path):
     if _is_step_name(name):
         raise BundleError(f"resume_from: {path} is a partial checkpoint (no {MANIFEST_FILE}): its "
                           "hosts never all reported, so it was not committed; use an earlier step")
-    orbax_counts = not _is_meshrun_root(path)
-    steps = []
-    for entry in os.listdir(path):
-        step_dir = os.path.join(path, entry)
-        if _is_step_name(entry) and os.path.isdir(step_dir) and (
-                os.path.exists(os.path.join(step_dir, MANIFEST_FILE)) or
-                (orbax_counts and _orbax_item_dir(step_dir))):
-            steps.append(int(entry))
+    entries = [e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e))]
+    steps = [int(e) for e in entries
+             if _is_step_name(e) and os.path.exists(os.path.join(path, e, MANIFEST_FILE))]
+    if not steps and not any(_TEMP_SUFFIX in e for e in entries):  # a directory only Orbax wrote
+        steps = [int(e) for e in entries
+                 if _is_step_name(e) and _orbax_item_dir(os.path.join(path, e))]
     if not steps:
         raise BundleError(f"resume_from: {path} holds no committed checkpoint (no "
                           f"<step>/{MANIFEST_FILE}, nor an Orbax <step>/_METADATA)")
