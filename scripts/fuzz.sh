@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target (fuzz/, docs/fuzzing.md) for a bounded time each.
 #   scripts/fuzz.sh [--seconds N] [--build DIR] [--no-build] [target ...]  (targets: job_spec, ...)
-# Builds DIR (default build-tsa: clang, ASan+UBSan, libFuzzer coverage; the same tree CI's
-# thread-safety step builds) unless its fuzzers are there, writes each target's seeds from
+# Builds the fuzz targets in DIR (default build-sanitize, scripts/build_sanitize.sh: clang,
+# ASan+UBSan, libFuzzer coverage; the tree CI's thread-safety and sanitizer steps use), writes each target's seeds from
 # examples/, replays the committed regression inputs (fuzz/regressions/<target>/), then fuzzes
 # for N seconds (default 60) keeping new inputs in DIR/fuzz-corpus/<target>. Prints one line
 # per target, "fuzz: <target> <executions> executions <crashes> crashes", and fails on any
@@ -11,7 +11,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 seconds=60
-build=build-tsa
+build=build-sanitize
 no_build=0
 targets=()
 while [ $# -gt 0 ]; do
@@ -27,12 +27,13 @@ if [ ${#targets[@]} -eq 0 ]; then
   targets=(job_spec job_bundle token_shards telemetry http_query key_value executable_chunks)
 fi
 dir="$root/$build"
-if [ "$no_build" = 0 ] && ! grep -q '^MESHRUN_FUZZ:BOOL=ON' "$dir/CMakeCache.txt" 2>/dev/null; then
-  bash "$root/scripts/build.sh" "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-    -DMESHRUN_THREAD_SAFETY=ON -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF \
-    -DMESHRUN_FUZZ=ON
+if [ "$no_build" = 0 ]; then
+  if [ "$build" = build-sanitize ]; then
+    bash "$root/scripts/build_sanitize.sh" "${targets[@]/%/_fuzz}" >/dev/null
+  else
+    CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
+  fi
 fi
-[ "$no_build" = 1 ] || CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 ninja -C "$dir" -j"$(nproc)" "${targets[@]/%/_fuzz}" >/dev/null
 
 # Leaks are errors; UBSan findings stop the run like ASan's.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"

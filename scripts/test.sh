@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test:
-#   1. clang compile of every library and binary with -Werror=thread-safety;
-#   2. AddressSanitizer + UndefinedBehaviorSanitizer build, running the unit tests and a subset
-#      of the cluster tests; ThreadSanitizer build, running the unit tests without gRPC;
+#   1. one clang build of everything with -Werror=thread-safety, AddressSanitizer and
+#      UndefinedBehaviorSanitizer (build-sanitize), running the fuzzers, the unit tests and the
+#      cluster tests;
+#   2. a ThreadSanitizer build, running the unit tests without gRPC;
 #   3. the regular build, running every ctest test (all capabilities).
 # Any capability alone: ctest --test-dir build -L <label>
 set -euo pipefail
@@ -11,21 +12,21 @@ cd "$root"
 start=$(date +%s)
 bash scripts/setup.sh
 
-bash scripts/build.sh build-tsa -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-  -DMESHRUN_THREAD_SAFETY=ON -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF -DMESHRUN_FUZZ=ON
+# One clang tree (scripts/build_sanitize.sh) for the thread-safety errors, ASan + UBSan, the
+# libFuzzer targets and the tests: one cold build fewer than a tree for each.
+bash scripts/build_sanitize.sh
 echo "test: thread-safety analysis clean"
-# fuzz (issue 16): the clang tree above also builds the libFuzzer targets (ASan+UBSan); replay
-# the committed crash inputs, then fuzz each target briefly (docs/fuzzing.md).
-bash scripts/fuzz.sh --seconds 8
+# fuzz (issue 16): replay the committed crash inputs, then fuzz each target briefly
+# (docs/fuzzing.md).
+bash scripts/fuzz.sh --seconds 8 --no-build
 
-bash scripts/build.sh build-asan -DMESHRUN_SANITIZE=ON -DMESHRUN_BUILD_BENCH=OFF
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan -L unit -j2 --output-on-failure
+  ctest --test-dir build-sanitize -L unit -j2 --output-on-failure
 # fuzz (issue 16): every e2e and fault test against the ASan+UBSan binaries too, but
 # recovery_test, whose waits for training progress are bounded for the regular build
 # (docs/fuzzing.md). Leak checking is off there: the tests kill servers with SIGKILL on purpose.
 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 MESHRUN_MUTEX_DEADLOCK_CHECK=1 \
-  ctest --test-dir build-asan -L 'e2e|fault' -E '^recovery_test$' -j2 --output-on-failure
+  ctest --test-dir build-sanitize -L 'e2e|fault' -E '^recovery_test$' -j2 --output-on-failure
 echo "test: sanitizer run clean"
 
 # fuzz (issue 16): ThreadSanitizer on the unit tests that do not use gRPC, with abseil's

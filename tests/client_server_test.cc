@@ -112,7 +112,6 @@ TEST(ClientServerTest, SilentWorkerIsDeclaredDeadWithinTheTimeout) {
   EXPECT_EQ(CountInState(ListWorkers(port), v1::WORKER_STATE_ALIVE), 1);
 
   // Stop the process's server without deregistering: heartbeats cease.
-  const absl::Time killed = absl::Now();
   auto stub = v1::Coordinator::NewStub(MakeChannel("127.0.0.1:" + std::to_string(port)));
   worker.reset();  // the destructor drains, which deregisters; re-register a silent one instead
   v1::RegisterWorkerRequest request;
@@ -123,6 +122,8 @@ TEST(ClientServerTest, SilentWorkerIsDeclaredDeadWithinTheTimeout) {
   v1::RegisterWorkerResponse response;
   auto context = ContextWithTimeout(kTimeout);
   ASSERT_TRUE(stub->RegisterWorker(context.get(), request, &response).ok());
+  // Silent from its registration on (the drain above is not part of the timeout).
+  const absl::Time killed = absl::Now();
   EXPECT_EQ(response.heartbeat_interval_millis(), 200);
   ASSERT_TRUE(WaitForWorkers(port, [](const v1::ListWorkersResponse& w) {
     return CountInState(w, v1::WORKER_STATE_DEAD) == 1;
