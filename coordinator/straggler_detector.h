@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/natural_order.h"
@@ -46,7 +47,7 @@ class StragglerDetector {
 
  private:
   struct Job {
-    std::vector<std::string> hosts;
+    absl::flat_hash_set<std::string> hosts;
     std::map<int64_t, std::map<std::string, double>> pending;  // step -> host -> seconds
     std::map<std::string, int> slow_streak;
     std::set<std::string, NaturalOrder> flagged;  // worker-2 before worker-10

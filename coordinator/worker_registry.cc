@@ -127,7 +127,7 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::FindCurrent(const std::string& host
 
 absl::Status WorkerRegistry::Heartbeat(const std::string& host, const std::string& incarnation) {
   absl::MutexLock lock(&mu_);
-  ExpireOverdueLocked();
+  ExpireHostIfOverdueLocked(host);
   auto entry = FindCurrent(host, incarnation);
   if (!entry.ok()) return entry.status();
   (*entry)->last_heartbeat = config_.clock->Now();
@@ -137,7 +137,7 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& host, const std::strin
 absl::Status WorkerRegistry::CheckCurrent(const std::string& host,
                                           const std::string& incarnation) {
   absl::MutexLock lock(&mu_);
-  ExpireOverdueLocked();
+  ExpireHostIfOverdueLocked(host);
   return FindCurrent(host, incarnation).status();
 }
 
@@ -164,18 +164,26 @@ absl::Status WorkerRegistry::Deregister(const std::string& host, const std::stri
 
 void WorkerRegistry::ExpireOverdueLocked() {
   const absl::Time now = config_.clock->Now();
-  for (auto& [host, entry] : by_host_) {
-    if (entry.state == WorkerState::kAlive &&
-        now - entry.last_heartbeat > config_.heartbeat_timeout) {
-      entry.state = WorkerState::kDead;
-      entry.state_reason = absl::StrCat("no heartbeat for ",
-                                        absl::FormatDuration(now - entry.last_heartbeat),
-                                        " (timeout ",
-                                        absl::FormatDuration(config_.heartbeat_timeout), ")");
-      newly_dead_.push_back(entry);
-    }
-  }
+  for (auto& [host, entry] : by_host_) ExpireIfOverdueLocked(entry, now);
   ForgetLocked(now);
+}
+
+void WorkerRegistry::ExpireHostIfOverdueLocked(const std::string& host) {
+  if (auto it = by_host_.find(host); it != by_host_.end()) {
+    ExpireIfOverdueLocked(it->second, config_.clock->Now());
+  }
+}
+
+void WorkerRegistry::ExpireIfOverdueLocked(WorkerEntry& entry, absl::Time now) {
+  if (entry.state == WorkerState::kAlive &&
+      now - entry.last_heartbeat > config_.heartbeat_timeout) {
+    entry.state = WorkerState::kDead;
+    entry.state_reason = absl::StrCat("no heartbeat for ",
+                                      absl::FormatDuration(now - entry.last_heartbeat),
+                                      " (timeout ",
+                                      absl::FormatDuration(config_.heartbeat_timeout), ")");
+    newly_dead_.push_back(entry);
+  }
 }
 
 void WorkerRegistry::ForgetLocked(absl::Time now) {

@@ -7,8 +7,8 @@
 // One entry per host: a host's newest incarnation. A new incarnation is a new member; the old
 // one is declared DEAD and never merged back. One owner per address: the host that last
 // registered it and has not left; no other host may register there while the owner is alive
-// (security: two names at one address would let one worker stand in for another). Liveness is judged against the injected clock,
-// so tests move time by hand.
+// (security: two names at one address would let one worker stand in for another). Liveness is
+// judged against the injected clock, so tests move time by hand.
 //
 // Lifetime: Create() returns an owned registry; the clock must outlive it.
 // Thread-safety: all methods are safe to call concurrently.
@@ -105,8 +105,13 @@ class WorkerRegistry {
                                            const std::string& incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Declares overdue workers DEAD and queues them for ExpireOverdue. Every method that reads
-  // liveness calls it, so the queue is what guarantees each death is reported exactly once.
+  // liveness calls it, or ExpireHostIfOverdueLocked for the one host it reads (Heartbeat and
+  // CheckCurrent, called per host: a full scan there costs O(hosts) per call), so the queue is
+  // what guarantees each death is reported exactly once.
   void ExpireOverdueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireHostIfOverdueLocked(const std::string& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireIfOverdueLocked(WorkerEntry& entry, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   absl::Mutex mu_;
