@@ -24,6 +24,7 @@
 #include "cli/cli_get.h"
 #include "cli/cli_help.h"
 #include "cli/cli_telemetry.h"
+#include "cli/cli_upload.h"
 #include "rpc/grpc_probe.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
@@ -205,6 +206,8 @@ int Submit(const std::vector<std::string>& args) {
                                                   " is neither a directory nor a job id"));
   });
   if (!flags.ok()) ExitWithError(std::string(flags.message()), 2);
+  CheckCall(ToGrpcStatus(UploadPrograms(*stub, *spec, absl::GetFlag(FLAGS_timeout))),
+            "submit refused");
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
   v1::SubmitJobResponse response;

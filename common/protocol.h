@@ -14,6 +14,8 @@ inline constexpr uint32_t kProtocolVersion = kProtocolMaxVersion;
 
 // The largest executable chunk a worker accepts; the coordinator sends chunks of this size.
 inline constexpr int64_t kMaxExecutableChunkBytes = 1 << 20;
+// The largest UploadProgram chunk the coordinator accepts; clients send chunks of this size.
+inline constexpr int64_t kMaxProgramChunkBytes = 1 << 20;
 
 // The phase a worker reports in its heartbeats while its step loop waits in the cross-host
 // gradient average (the coordinator's hang detection names it).

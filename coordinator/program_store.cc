@@ -1,7 +1,12 @@
 #include "coordinator/program_store.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -20,9 +25,104 @@ absl::StatusOr<std::unique_ptr<ProgramStore>> ProgramStore::Create(Config config
   return std::unique_ptr<ProgramStore>(new ProgramStore(std::move(files)));
 }
 
+namespace {
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+         });
+}
+}  // namespace
+
+ProgramStore::Upload::Upload(ContentStore* files, std::string sha256, int64_t total_bytes)
+    : files_(files),
+      sha256_(std::move(sha256)),
+      total_bytes_(total_bytes),
+      temp_path_(files->TempPath(sha256_)) {}
+
+ProgramStore::Upload::~Upload() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!finished_) {
+    std::error_code ec;
+    std::filesystem::remove(temp_path_, ec);
+  }
+}
+
+absl::Status ProgramStore::Upload::Append(absl::string_view bytes) {
+  if (file_ == nullptr || finished_) {
+    return absl::FailedPreconditionError("the upload has ended");
+  }
+  if (received_ + static_cast<int64_t>(bytes.size()) > total_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the upload carries more than the ", total_bytes_, " bytes its first chunk announced"));
+  }
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", temp_path_, ": ", std::strerror(errno)));
+  }
+  hash_.Update(bytes);
+  received_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ProgramStore::Upload::Finish() {
+  if (file_ == nullptr || finished_) {
+    return absl::FailedPreconditionError("the upload has ended");
+  }
+  if (received_ != total_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("the upload ended after ", received_,
+                                                   " bytes; its first chunk announced ",
+                                                   total_bytes_));
+  }
+  if (const std::string got = hash_.HexDigest(); got != sha256_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the uploaded bytes have sha256 ", got, ", not the announced ", sha256_));
+  }
+  const bool flushed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!flushed) {
+    return absl::InternalError(
+        absl::StrCat("cannot write ", temp_path_, ": ", std::strerror(errno)));
+  }
+  finished_ = true;  // Install takes the temp file, whatever it answers
+  if (absl::Status s = files_->Install(sha256_, temp_path_); !s.ok()) {
+    return absl::InternalError(s.message());
+  }
+  return sha256_;
+}
+
+absl::StatusOr<std::unique_ptr<ProgramStore::Upload>> ProgramStore::StartUpload(
+    const std::string& sha256, int64_t total_bytes) {
+  if (!IsSha256Hex(sha256)) {
+    return absl::InvalidArgumentError(
+        "the first chunk's sha256 must be the program's sha256: 64 lowercase hex digits");
+  }
+  if (total_bytes < 1) {
+    return absl::InvalidArgumentError(
+        "the first chunk's total_bytes must be the program's size, at least 1 byte");
+  }
+  std::unique_ptr<Upload> upload(new Upload(files_.get(), sha256, total_bytes));
+  upload->file_ = std::fopen(upload->temp_path_.c_str(), "wbx");
+  if (upload->file_ == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", upload->temp_path_, ": ", std::strerror(errno)));
+  }
+  return upload;
+}
+
 absl::StatusOr<std::map<std::string, std::string>> ProgramStore::Write(const v1::JobSpec& spec) {
   std::map<std::string, std::string> out;
-  for (const v1::Program& program : spec.programs()) {
+  for (int i = 0; i < spec.programs_size(); ++i) {
+    const v1::Program& program = spec.programs(i);
+    if (program.stablehlo().empty() && !program.stablehlo_sha256().empty()) {
+      if (!files_->Has(program.stablehlo_sha256())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "programs[", i, "].stablehlo_sha256 ", program.stablehlo_sha256(),
+            " is not held by this coordinator: upload the program (UploadProgram) before "
+            "submitting the job"));
+      }
+      out[program.role()] = program.stablehlo_sha256();
+      continue;
+    }
     absl::StatusOr<std::string> sha = files_->Put(program.stablehlo());
     if (!sha.ok()) return absl::InternalError(sha.status().message());
     out[program.role()] = *std::move(sha);
@@ -31,7 +131,10 @@ absl::StatusOr<std::map<std::string, std::string>> ProgramStore::Write(const v1:
 }
 
 v1::JobSpec ProgramStore::Stripped(v1::JobSpec spec) {
-  for (v1::Program& program : *spec.mutable_programs()) program.clear_stablehlo();
+  for (v1::Program& program : *spec.mutable_programs()) {
+    program.clear_stablehlo();
+    program.clear_stablehlo_sha256();
+  }
   return spec;
 }
 
@@ -47,6 +150,7 @@ void ProgramStore::Release(const std::string& job_id) {
 
 absl::StatusOr<v1::Program> ProgramStore::Read(const std::string& job_id, v1::Program program) {
   if (!program.stablehlo().empty()) return program;
+  program.clear_stablehlo_sha256();
   std::string sha;
   {
     absl::MutexLock lock(&mu_);

@@ -4,13 +4,15 @@
 // unfinished job's programs are bound to it by sha256 (a few bytes per job, released when the
 // job ends). Past `max_bytes` the least recently used files go (a file written or read within
 // `keep_recent` is kept). The files, their durable writes, checks on read and the LRU are a
-// ContentStore's (common/content_store.h): <sha256>.stablehlo in `directory`.
+// ContentStore's (common/content_store.h): <sha256>.stablehlo in `directory`. Programs also
+// arrive ahead of their job, streamed (Upload), and a spec then names them by sha256.
 //
 // Lifetime: Create() returns an owned store. Thread-safety: all methods are safe to call
 // concurrently.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,7 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/strings/string_view.h"
 #include "common/content_store.h"
+#include "common/sha256.h"
 #include "meshrun/v1/job.pb.h"
 
 namespace meshrun::coordinator {
@@ -32,13 +36,50 @@ class ProgramStore {
     absl::Duration keep_recent = absl::Hours(1);
   };
 
+  // One program's bytes arriving in order (UploadProgram): written to a temp file of the store
+  // as they come and hashed; Finish makes them an entry. Destroying an unfinished upload
+  // deletes its file. One caller at a time.
+  class Upload {
+   public:
+    ~Upload();
+    Upload(const Upload&) = delete;
+    Upload& operator=(const Upload&) = delete;
+    // Errors: INVALID_ARGUMENT (more bytes than announced), INTERNAL (the write failed; path
+    // named). After an error the upload is void.
+    absl::Status Append(absl::string_view bytes);
+    // The entry's sha256. Errors: INVALID_ARGUMENT (fewer bytes than announced, or bytes of
+    // another sha256 than announced: both named), INTERNAL (the install failed).
+    absl::StatusOr<std::string> Finish();
+
+   private:
+    friend class ProgramStore;
+    Upload(ContentStore* files, std::string sha256, int64_t total_bytes);
+
+    ContentStore* const files_;
+    const std::string sha256_;
+    const int64_t total_bytes_;
+    const std::string temp_path_;
+    std::FILE* file_ = nullptr;
+    Sha256 hash_;
+    int64_t received_ = 0;
+    bool finished_ = false;
+  };
+
   // Errors: FAILED_PRECONDITION (the directory cannot be created; named).
   static absl::StatusOr<std::unique_ptr<ProgramStore>> Create(Config config);
 
-  // Stores each program's bytes of `spec`; returns role -> sha256, for Bind.
-  // Errors: INTERNAL (a write failed; named).
+  // Starts an upload of `total_bytes` (at least 1) whose sha256 is announced as `sha256`.
+  // Errors: INVALID_ARGUMENT (`sha256` not 64 lowercase hex, `total_bytes` below 1),
+  // INTERNAL (the temp file cannot be created; path named).
+  absl::StatusOr<std::unique_ptr<Upload>> StartUpload(const std::string& sha256,
+                                                      int64_t total_bytes);
+
+  // Stores each program's bytes of `spec` (a program naming its stablehlo_sha256 instead must
+  // be held already); returns role -> sha256, for Bind.
+  // Errors: INTERNAL (a write failed; named), FAILED_PRECONDITION (programs[i] names a sha256
+  // this store does not hold: upload it first).
   absl::StatusOr<std::map<std::string, std::string>> Write(const v1::JobSpec& spec);
-  // `spec` without its program bytes: what the job table keeps.
+  // `spec` without its program bytes or their sha256: what the job table keeps.
   static v1::JobSpec Stripped(v1::JobSpec spec);
   // Binds job `job_id`'s programs (Write's answer) until Release.
   void Bind(const std::string& job_id, std::map<std::string, std::string> programs);

@@ -5,6 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+
+#include "common/sha256.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -66,6 +70,71 @@ TEST(ProgramStoreTest, EvictsLeastRecentlyUsedPastTheCap) {
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(gone.status().message().find("submit the job again"), std::string::npos);
   EXPECT_TRUE(store->Read("b", stripped.programs(1)).ok());
+}
+
+
+// security (issue 27): programs arrive ahead of their job in chunks, and only whole, verified
+// uploads become entries a spec may name.
+TEST(ProgramStoreUploadTest, AVerifiedUploadIsWhatASpecNames) {
+  const std::string dir = Dir("upload");
+  auto store = ProgramStore::Create({.directory = dir}).value();
+  const std::string bytes = std::string(3 << 20, 'p') + "end";
+  const std::string sha = Sha256Hex(bytes);
+
+  v1::JobSpec spec = Spec("");
+  spec.mutable_programs(1)->set_stablehlo_sha256(sha);
+  absl::StatusOr<std::map<std::string, std::string>> early = store->Write(spec);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("programs[1].stablehlo_sha256"), std::string::npos)
+      << early.status();
+
+  auto upload = store->StartUpload(sha, static_cast<int64_t>(bytes.size())).value();
+  for (size_t at = 0; at < bytes.size(); at += 1 << 20) {
+    ASSERT_TRUE(upload->Append(absl::string_view(bytes).substr(at, 1 << 20)).ok());
+  }
+  EXPECT_EQ(upload->Finish().value(), sha);
+  std::map<std::string, std::string> bound = store->Write(spec).value();
+  EXPECT_EQ(bound["step"], sha);
+  store->Bind("job-1", bound);
+  const v1::JobSpec stored = ProgramStore::Stripped(spec);
+  EXPECT_TRUE(stored.programs(1).stablehlo_sha256().empty());
+  const v1::Program read = store->Read("job-1", stored.programs(1)).value();
+  EXPECT_EQ(read.stablehlo(), bytes);
+  EXPECT_TRUE(read.stablehlo_sha256().empty());
+}
+
+TEST(ProgramStoreUploadTest, ABadUploadLeavesNothing) {
+  const std::string dir = Dir("bad-upload");
+  auto store = ProgramStore::Create({.directory = dir}).value();
+  const std::string bytes = "module @step {}";
+  const std::string sha = Sha256Hex(bytes);
+  EXPECT_EQ(store->StartUpload("ABC", 10).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->StartUpload(sha, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  {  // more bytes than announced
+    auto upload = store->StartUpload(sha, 4).value();
+    EXPECT_EQ(upload->Append(bytes).code(), absl::StatusCode::kInvalidArgument);
+  }
+  {  // fewer
+    auto upload = store->StartUpload(sha, static_cast<int64_t>(bytes.size())).value();
+    ASSERT_TRUE(upload->Append(bytes.substr(0, 3)).ok());
+    EXPECT_EQ(upload->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {  // other bytes than the sha256 announced
+    auto upload = store->StartUpload(sha, static_cast<int64_t>(bytes.size())).value();
+    ASSERT_TRUE(upload->Append("module @evil {}").ok());
+    absl::StatusOr<std::string> finished = upload->Finish();
+    EXPECT_EQ(finished.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(finished.status().message().find(sha), std::string::npos) << finished.status();
+  }
+  {  // abandoned half-way
+    auto upload = store->StartUpload(sha, static_cast<int64_t>(bytes.size())).value();
+    ASSERT_TRUE(upload->Append(bytes.substr(0, 3)).ok());
+  }
+  EXPECT_EQ(store->bytes(), 0);
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "no entry and no temp file";
+  v1::JobSpec spec = Spec("");
+  spec.mutable_programs(1)->set_stablehlo_sha256(sha);
+  EXPECT_EQ(store->Write(spec).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

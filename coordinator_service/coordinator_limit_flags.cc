@@ -38,9 +38,16 @@ ABSL_FLAG(int64_t, max_upload_streams, 10000,
           "UploadTelemetry streams (workers' telemetry, one a worker) served at once; more are "
           "refused (RESOURCE_EXHAUSTED); 0: unlimited");
 ABSL_FLAG(int64_t, max_slow_calls, 256,
-          "calls that wait on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
+          "calls that wait on disk or workers (SubmitJob, UploadProgram, GetMetrics, "
+          "GetDeviceMemory, "
           "DrainWorker, CheckpointJob, PreemptJob, job and checkpoint reports) served at once, "
           "each on a thread of its own; more are refused (RESOURCE_EXHAUSTED); 0: unlimited");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 20,
+          "largest request message taken (programs come in 1 MiB chunks of UploadProgram); "
+          "larger ones are refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_request_memory, int64_t{1} << 30,
+          "memory for requests being received, all callers together; past it gRPC resets "
+          "streams (RESOURCE_EXHAUSTED \"Buffers full\") instead of growing");
 
 namespace meshrun::services {
 
@@ -58,7 +65,9 @@ CoordinatorLimits CoordinatorLimitsFromFlags() {
           .max_upload_streams = absl::GetFlag(FLAGS_max_upload_streams),
           .max_slow_calls = absl::GetFlag(FLAGS_max_slow_calls),
           .max_watch_streams_per_identity = absl::GetFlag(FLAGS_max_watch_streams_per_identity),
-          .max_slow_calls_per_identity = absl::GetFlag(FLAGS_max_slow_calls_per_identity)};
+          .max_slow_calls_per_identity = absl::GetFlag(FLAGS_max_slow_calls_per_identity),
+          .max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes),
+          .max_request_memory = absl::GetFlag(FLAGS_max_request_memory)};
 }
 
 }  // namespace meshrun::services

@@ -1,10 +1,13 @@
 #include "coordinator_service/coordinator_limits.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "jobspec/spec_limits.h"
 #include "rpc/tls_credentials.h"
@@ -18,6 +21,22 @@ std::string ClientKey(const grpc::ServerContextBase& context) {
   const std::string peer = context.peer();
   const size_t port = peer.rfind(':');
   return port == std::string::npos || port < peer.find(':') + 1 ? peer : peer.substr(0, port);
+}
+
+absl::Status CheckRequestLimits(const CoordinatorLimits& limits) {
+  if (const int64_t bytes = limits.max_request_bytes;
+      bytes < (int64_t{2} << 20) || bytes > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_request_bytes=", bytes, " is out of range: from 2 MiB (2097152; a 1 MiB "
+        "program chunk or key-value value must fit) to 2 GiB - 1"));
+  }
+  if (const int64_t memory = limits.max_request_memory;
+      memory != 0 && memory < limits.max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_request_memory=", memory, " is below --max_request_bytes=",
+        limits.max_request_bytes, ": give at least that, or 0 for no bound"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SubmitAdmission>> SubmitAdmission::Create(

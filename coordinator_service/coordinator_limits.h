@@ -50,8 +50,8 @@ struct CoordinatorLimits {
   int64_t max_finished_jobs = 1000;
   int64_t max_watch_streams = 1000;
   int64_t max_upload_streams = 10000;
-  // Calls that wait on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, DrainWorker,
-  // CheckpointJob, PreemptJob, ReportJobProgress, ReportCheckpoint) run on a thread each, off
+  // Calls that wait on disk or workers (SubmitJob, UploadProgram, GetMetrics, GetDeviceMemory,
+  // DrainWorker, CheckpointJob, PreemptJob, ReportJobProgress, ReportCheckpoint) run on a thread each, off
   // gRPC's callback threads; this many at once, more are refused (RESOURCE_EXHAUSTED); 0:
   // unlimited.
   int64_t max_slow_calls = 256;
@@ -59,7 +59,16 @@ struct CoordinatorLimits {
   // view callers share half of each limit, apart from admin, submit and worker callers.
   int64_t max_watch_streams_per_identity = 100;
   int64_t max_slow_calls_per_identity = 32;
+  // One request message at most (programs come by UploadProgram, in chunks); larger ones are
+  // refused with gRPC's RESOURCE_EXHAUSTED. Memory for all requests being received: past it
+  // gRPC resets streams (rpc/server_support.h, ReceiveLimits).
+  int64_t max_request_bytes = int64_t{8} << 20;
+  int64_t max_request_memory = int64_t{1} << 30;
 };
+
+// Errors: INVALID_ARGUMENT naming --max_request_bytes (below 2 MiB, where a 1 MiB chunk or
+// value no longer fits, or past gRPC's int) or --max_request_memory (below one request).
+absl::Status CheckRequestLimits(const CoordinatorLimits& limits);
 
 class SubmitAdmission {
  public:

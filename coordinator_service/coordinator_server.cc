@@ -16,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/progress_monitor.h"
+#include "coordinator_service/program_upload.h"
 #include "coordinator_service/watch_stream.h"
 #include "rpc/identity_slots.h"
 #include "rpc/server_support.h"
@@ -119,17 +120,19 @@ class CoordinatorServer::Service final
           v1::Coordinator::WithRawCallbackMethod_WatchTelemetryBatches<
               v1::Coordinator::CallbackService>> {
  public:
-  Service(CoordinatorRpcHandler* handler, const CoordinatorLimits& limits)
+  Service(CoordinatorRpcHandler* handler, coordinator::ProgramStore* programs,
+          const CoordinatorLimits& limits)
       : handler_(handler),
+        programs_(programs),
         watch_slots_(limits.max_watch_streams, limits.max_watch_streams_per_identity,
                      "WatchTelemetry streams", "--max_watch_streams",
                      "--max_watch_streams_per_identity"),
         upload_slots_(limits.max_upload_streams, 0, "UploadTelemetry streams",
                       "--max_upload_streams", ""),
         slow_slots_(limits.max_slow_calls, limits.max_slow_calls_per_identity,
-                    "calls waiting on disk or workers (SubmitJob, GetMetrics, GetDeviceMemory, "
-                    "DrainWorker, CheckpointJob, PreemptJob, ReportJobProgress, "
-                    "ReportCheckpoint)",
+                    "calls waiting on disk or workers (SubmitJob, UploadProgram, GetMetrics, "
+                    "GetDeviceMemory, DrainWorker, CheckpointJob, PreemptJob, "
+                    "ReportJobProgress, ReportCheckpoint)",
                     "--max_slow_calls", "--max_slow_calls_per_identity") {}
 
   // Waits for the slow calls' threads; after the server stopped taking calls (Drain).
@@ -179,6 +182,10 @@ class CoordinatorServer::Service final
     return OffThread(context, [this, request, response, client = ClientKey(*context)] {
       return handler_->SubmitJob(*request, response, client);
     });
+  }
+  grpc::ServerReadReactor<v1::ProgramChunk>* UploadProgram(
+      grpc::CallbackServerContext* context, v1::UploadProgramResponse* response) override {
+    return StartProgramUpload(programs_, response, slow_slots_.Acquire(PeerIdentity(*context)));
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
@@ -359,6 +366,7 @@ class CoordinatorServer::Service final
   }
 
   CoordinatorRpcHandler* const handler_;
+  coordinator::ProgramStore* const programs_;
   IdentitySlots watch_slots_;  // limits: --max_watch_streams, a share per identity
   IdentitySlots upload_slots_;  // limits: --max_upload_streams, no share (one a worker)
   IdentitySlots slow_slots_;   // limits: --max_slow_calls, a share per identity
@@ -373,6 +381,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
         "--heartbeat_timeout=", absl::FormatDuration(config.heartbeat_timeout),
         " is too short; use at least 10ms (the default is 10s)"));
   }
+  RETURN_IF_ERROR(CheckRequestLimits(config.limits));
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   ASSIGN_OR_RETURN(server->registry_,
                    coordinator::WorkerRegistry::Create(
@@ -464,9 +473,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
       server->telemetry_.get());
   server->handler_->SetAdmission(server->admission_.get());
-  server->service_ = std::make_unique<Service>(server->handler_.get(), config.limits);
+  server->service_ = std::make_unique<Service>(server->handler_.get(),
+                                               server->admission_->programs(), config.limits);
   ASSIGN_OR_RETURN(StartedServer started,
-                   StartGrpcServer("listen", config.listen, {server->service_.get()}));
+                   StartGrpcServer("listen", config.listen, {server->service_.get()},
+                                   {.max_message_bytes = config.limits.max_request_bytes,
+                                    .max_buffered_bytes = config.limits.max_request_memory}));
   server->server_ = std::move(started.server);
   server->port_ = started.port;
   server->sweeper_ = std::thread([s = server.get()] { s->SweepLiveness(); });

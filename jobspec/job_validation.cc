@@ -368,7 +368,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (!roles.insert(p.role()).second) {
       return Invalid(field + ".role", absl::StrCat("\"", p.role(), "\" appears twice"));
     }
-    if (p.stablehlo().empty()) return Invalid(field + ".stablehlo", "is empty");
+    if (p.stablehlo().empty() && p.stablehlo_sha256().empty()) {
+      return Invalid(field + ".stablehlo",
+                     "is empty: give the program's bytes, or its stablehlo_sha256 after "
+                     "UploadProgram");
+    }
+    if (!p.stablehlo().empty() && !p.stablehlo_sha256().empty()) {
+      return Invalid(field + ".stablehlo_sha256",
+                     "is set beside stablehlo: give the bytes or their sha256, not both");
+    }
     if (absl::Status s = CheckTensors(p.inputs(), field + ".inputs"); !s.ok()) return s;
     if (absl::Status s = CheckTensors(p.outputs(), field + ".outputs"); !s.ok()) {
       return s;

@@ -127,6 +127,8 @@ TEST(JobValidationTest, EachRefusalNamesItsField) {
       {[](v1::JobSpec& s) { s.mutable_programs(1)->set_role("init"); }, "appears twice"},
       {[](v1::JobSpec& s) { s.mutable_programs(1)->clear_stablehlo(); },
        "spec.programs[1].stablehlo"},
+      {[](v1::JobSpec& s) { s.mutable_programs(1)->set_stablehlo_sha256(std::string(64, 'a')); },
+       "spec.programs[1].stablehlo_sha256"},
       {[](v1::JobSpec& s) { s.set_model_family(v1::MODEL_FAMILY_MOE); }, "\"grad\" and \"apply\""},
       {[](v1::JobSpec& s) { s.mutable_programs(1)->mutable_outputs(0)->set_dtype("float"); },
        "spec.programs[1].outputs[0].dtype"},

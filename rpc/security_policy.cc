@@ -91,6 +91,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/GetSupportedVersions", Role::kAnyAuthenticated},
       {"/meshrun.v1.Coordinator/ListWorkers", Role::kView},
       {"/meshrun.v1.Coordinator/SubmitJob", Role::kSubmit},
+      {"/meshrun.v1.Coordinator/UploadProgram", Role::kSubmit},
       {"/meshrun.v1.Coordinator/CancelJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/CheckpointJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/GetJob", Role::kView},

@@ -3,16 +3,19 @@
 #include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -124,7 +127,8 @@ std::string DefaultStateDir(const std::string& component) {
 }
 
 absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
-                                              const std::vector<grpc::Service*>& services) {
+                                              const std::vector<grpc::Service*>& services,
+                                              const ReceiveLimits& limits) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(flag, address);
   if (!parsed.ok()) return parsed.status();
   const SecurityConfig& security = ProcessSecurity();
@@ -136,7 +140,13 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);  // job specs carry their programs
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
+  if (limits.max_buffered_bytes > 0) {
+    grpc::ResourceQuota quota("meshrun-receive-buffers");
+    quota.Resize(static_cast<size_t>(limits.max_buffered_bytes));
+    builder.SetResourceQuota(quota);
+  }
   AddServerKeepalive(builder);
   StartedServer started;
   builder.AddListeningPort(address, *credentials, &started.port);

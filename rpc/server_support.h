@@ -5,6 +5,7 @@
 // server is as thread-safe as grpc::Server.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,18 @@
 
 namespace meshrun::services {
 
-// The largest message a meshrun server or client accepts (a job spec with its programs).
+// The largest message a meshrun client accepts, and a worker server's default (the
+// coordinator's CompileProgram carries a whole program).
 inline constexpr int kMaxMessageBytes = 256 << 20;
+
+// What a server lets callers send it. gRPC 1.51 buffers a request message whole before it
+// checks its size (upstream: grpc/grpc#43012), so the message limit alone does not bound memory:
+// `max_buffered_bytes` is gRPC's resource quota on the server's transport buffers, past which
+// gRPC resets streams (RESOURCE_EXHAUSTED "Buffers full" to their callers) rather than grow.
+struct ReceiveLimits {
+  int64_t max_message_bytes = kMaxMessageBytes;  // larger: RESOURCE_EXHAUSTED, unread
+  int64_t max_buffered_bytes = 0;                // 0: no quota
+};
 
 struct HostPort {
   std::string host;  // as written, brackets removed for IPv6
@@ -49,12 +60,13 @@ struct StartedServer {
 };
 
 // Builds and starts a server on `address` with `services`, the standard gRPC health service
-// (overall status SERVING) and server reflection. SO_REUSEPORT is off, so a port in use is an
-// error rather than a silent second listener.
+// (overall status SERVING) and server reflection, taking at most what `limits` allow.
+// SO_REUSEPORT is off, so a port in use is an error rather than a silent second listener.
 // Errors: INVALID_ARGUMENT (malformed address), UNAVAILABLE (cannot listen: port in use or
 // address not local), both naming the address.
 absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
-                                              const std::vector<grpc::Service*>& services);
+                                              const std::vector<grpc::Service*>& services,
+                                              const ReceiveLimits& limits = {});
 
 // Marks the health service NOT_SERVING, then shuts the server down: in-flight calls get until
 // `deadline` to finish and are cancelled after. Returns when the server has stopped.

@@ -118,6 +118,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
       {"/meshrun.v1.Coordinator/SubmitJob", Role::kSubmit},
+      {"/meshrun.v1.Coordinator/UploadProgram", Role::kSubmit},
       {"/meshrun.v1.Coordinator/CancelJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/CheckpointJob", Role::kSubmit},
       {"/meshrun.v1.Coordinator/DrainWorker", Role::kAdmin},

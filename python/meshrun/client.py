@@ -7,6 +7,7 @@ meshrun-coordinator, which `meshrun certs issue` gives coordinators only), so a 
 other cluster member at that address is refused before the token is sent. The address
 defaults to $MESHRUN_COORDINATOR, then 127.0.0.1:7070 (as the CLI).
 Errors are grpc.RpcError (the server's status code and message) or meshrun.BundleError."""
+import hashlib
 import os
 import time
 import warnings
@@ -24,6 +25,7 @@ _NONFINITE = {"fail": job_pb2.NONFINITE_FAIL, "warn": job_pb2.NONFINITE_WARN,
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 COORDINATOR_TLS_NAME = "meshrun-coordinator"  # rpc/cert_authority.h kCoordinatorDnsName
 _TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+PROGRAM_CHUNK_BYTES = 1 << 20  # common/protocol.h kMaxProgramChunkBytes
 
 
 def _read(path):
@@ -101,10 +103,33 @@ class Client:
             spec = job_spec_from_bundle(os.fspath(job), steps=steps, cadence=cadence, data=data,
                                         host_replicas=host_replicas, **options)
         spec.on_nonfinite = policy
+        self._upload_programs(spec)
         response = self._call("SubmitJob", coordinator_pb2.SubmitJobRequest(spec=spec))
         for warning in response.warnings:
             warnings.warn(f"{response.job_id}: {warning}", stacklevel=2)
         return response.job_id
+
+    def _upload_programs(self, spec):
+        """Sends each program's StableHLO ahead of the job (UploadProgram, 1 MiB chunks), so
+        the SubmitJob request stays small however big the programs, and names it by sha256."""
+        for program in spec.programs:
+            data = program.stablehlo
+            if not data:
+                continue
+
+            def chunks():
+                for offset in range(0, len(data), PROGRAM_CHUNK_BYTES):
+                    chunk = coordinator_pb2.ProgramChunk(
+                        data=data[offset:offset + PROGRAM_CHUNK_BYTES])
+                    if offset == 0:
+                        chunk.sha256 = hashlib.sha256(data).hexdigest()
+                        chunk.total_bytes = len(data)
+                    yield chunk
+
+            response = self._stub.UploadProgram(chunks(), timeout=self.timeout,
+                                                metadata=self._metadata)
+            program.ClearField("stablehlo")
+            program.stablehlo_sha256 = response.sha256
 
     def _job_to_resume(self, job_id):
         try:

@@ -261,3 +261,20 @@ def test_client_never_sends_a_token_in_plaintext():
     """Security review item 12 (issue 27): a token without TLS is refused before any call."""
     with pytest.raises(ValueError, match="token= needs TLS"):
         meshrun.Client("127.0.0.1:1", token="secret")
+
+
+def test_client_sends_programs_past_the_request_limit(cluster):
+    """Security item 6 (issue 27): the coordinator takes requests of at most 8 MiB, so the
+    Client uploads each program in chunks first. A 12 MiB (junk) step program is taken, and the
+    job fails compiling it, its manifest without program bytes."""
+    from meshrun.v1 import job_pb2
+    spec = meshrun.job_spec_from_bundle(
+        os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+            __file__)))), "examples", "transformer_lm", "dp1"), steps=2, cadence=1)
+    step = next(p for p in spec.programs if p.role == "step")
+    step.stablehlo = b"not stablehlo " * ((12 << 20) // 14)
+    job_id = cluster.client.submit(spec)
+    job = cluster.client.wait(job_id, timeout=120)
+    assert job.state == job_pb2.JOB_STATE_FAILED, job
+    assert "'not' is unknown" in job.error, job.error  # the uploaded junk was compiled
+    assert all(not p.stablehlo for p in job.spec.programs)

@@ -202,7 +202,7 @@ def test_telemetry_for_nothing(cluster):
 def test_key_value_abuse(cluster):
     co = cluster.coordinator
     refused(cluster, lambda: co.KeyValueSet(cpb.KeyValueSetRequest(
-        key="hostile/big", value=b"x" * (17 << 20)), timeout=30), C.INVALID_ARGUMENT, "value")
+        key="hostile/big", value=b"x" * (2 << 20)), timeout=30), C.INVALID_ARGUMENT, "value")
     refused(cluster, lambda: co.KeyValueSet(cpb.KeyValueSetRequest(key="", value=b"v"),
                                             timeout=TIMEOUT), C.INVALID_ARGUMENT, "key")
     refused(cluster, lambda: co.KeyValueSet(cpb.KeyValueSetRequest(key="hostile/", value=b"v"),
