@@ -295,6 +295,8 @@ absl::StatusOr<Figures> RunMeshrun(const Options& options, const std::string& di
   services::SetProcessSecurity(security.coordinator);  // the server's; empty: plaintext
   services::CoordinatorServer::Config config{.listen = "127.0.0.1:0", .state_dir = dir};
   config.limits.max_watch_streams = 0;  // --watchers may pass the default cap of 1000
+  // ... and every watcher is one view identity (one certificate), past its share of 100
+  config.limits.max_watch_streams_per_identity = 0;
   absl::StatusOr<std::unique_ptr<services::CoordinatorServer>> started =
       services::CoordinatorServer::Start(config);
   services::SetProcessSecurity({});
