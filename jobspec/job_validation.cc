@@ -23,10 +23,6 @@ namespace {
 const std::set<std::string> kDTypes = {"pred", "s8",  "s16", "s32", "s64", "u8",  "u16",
                                        "u32",  "u64", "f16", "bf16", "f32", "f64"};
 
-absl::Status Invalid(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat("spec.", field, " ", problem));
-}
-
 absl::Status CheckTensors(const google::protobuf::RepeatedPtrField<v1::TensorSpec>& tensors,
                           const std::string& list) {
   std::set<std::string> names;

@@ -9,13 +9,14 @@
 #include "runtime/types.h"
 
 namespace meshrun::jobspec {
-namespace {
-
-using L = SpecLimits;
 
 absl::Status Invalid(const std::string& field, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat("spec.", field, " ", problem));
 }
+
+namespace {
+
+using L = SpecLimits;
 
 absl::Status CheckName(const std::string& value, const std::string& field) {
   if (static_cast<int64_t>(value.size()) > L::kMaxNameBytes) {

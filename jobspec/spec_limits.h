@@ -37,6 +37,9 @@ struct SpecLimits {
   static constexpr int64_t kMaxRestarts = 100;
 };
 
+// INVALID_ARGUMENT "spec.<field> <problem>": how every check of a spec names what it refuses.
+absl::Status Invalid(const std::string& field, const std::string& problem);
+
 // The program output a telemetry series reads: its `output`, or its `name` where that is empty.
 inline const std::string& TelemetryOutputName(const v1::TelemetryDeclaration& t) {
   return t.output().empty() ? t.name() : t.output();
