@@ -1,13 +1,12 @@
 #include "coordinator/program_store.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/durable_file.h"
 #include "common/status_macros.h"
 
 namespace meshrun::coordinator {
@@ -24,14 +23,6 @@ absl::StatusOr<std::unique_ptr<ProgramStore>> ProgramStore::Create(Config config
                                          .log_name = "program store"}));
   return std::unique_ptr<ProgramStore>(new ProgramStore(std::move(files)));
 }
-
-namespace {
-bool IsSha256Hex(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
-         });
-}
-}  // namespace
 
 ProgramStore::Upload::Upload(ContentStore* files, std::string sha256, int64_t total_bytes)
     : files_(files),
