@@ -41,7 +41,7 @@ class CheckpointCommitsTest : public ::testing::Test {
   }
   void Restart(int runs_before) {
     ASSERT_TRUE(table_->Restart(job_, "b", "b failed", checkpoint::StepDir(dir_, 10), 10,
-                                runs_before)
+                                runs_before, {})
                     .ok());
     Book();
   }

@@ -97,6 +97,7 @@ v1::JobManifest CollectionSetup(const v1::JobManifest& job) {
 absl::Status CoordinatorTelemetry::StartJob(const v1::JobManifest& job) {
   const v1::JobManifest setup = CollectionSetup(job);
   SetRun(job.job_id(), job.attempts_size(), std::nullopt);
+  step_times_.StartRun(job.job_id());
   RETURN_IF_ERROR(StartCombining(setup, 0));
   std::vector<std::string> hosts;
   for (const auto& [host, incarnation] : job.host_incarnations()) hosts.push_back(host);
@@ -112,6 +113,7 @@ absl::Status CoordinatorTelemetry::RestartJob(const v1::JobManifest& job) {
   // told before the new ones come.
   const int64_t step = job.restored_step();
   SetRun(job.job_id(), job.attempts_size(), step);
+  step_times_.StartRun(job.job_id());  // the old run's combine is abandoned: none of it comes
   ASSIGN_OR_RETURN(int64_t dropped, history_->Rewind(job.job_id(), step));
   v1::JobRewind rewind;
   rewind.set_attempt(job.attempts_size() + 1);

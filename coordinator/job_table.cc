@@ -137,7 +137,8 @@ absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
 
 absl::Status JobTable::Restart(const std::string& job_id, const std::string& host,
                                const std::string& cause, const std::string& resume_from,
-                               int64_t restored_step, int expected_attempts) {
+                               int64_t restored_step, int expected_attempts,
+                               absl::Span<const StepSample> run_steps) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
@@ -151,18 +152,18 @@ absl::Status JobTable::Restart(const std::string& job_id, const std::string& hos
                                            job.attempts_size() + 1, ")"));
   }
   const absl::Time now = config_.clock->Now();
+  const int64_t start = job.attempts_size() > 0
+                            ? job.attempts(job.attempts_size() - 1).end_unix_micros()
+                            : job.created_unix_micros();
+  // The states' times are the run's: partition the run's wall time while they are here, then
+  // start the next run's from its PENDING (else its waiting would span this whole run).
+  const RunTime ended = PartitionRun(job, run_steps, absl::FromUnixMicros(start), now,
+                                     restored_step, /*restarted=*/true);
   v1::JobAttempt* attempt = job.add_attempts();
-  attempt->set_start_unix_micros(job.attempts_size() > 1
-                                     ? job.attempts(job.attempts_size() - 2).end_unix_micros()
-                                     : job.created_unix_micros());
+  attempt->set_start_unix_micros(start);
   attempt->set_end_unix_micros(absl::ToUnixMicros(now));
   attempt->set_start_step(job.restored_step());
-  // The states' times are the run's: keep what goodput needs of them, then start the next
-  // run's from its PENDING (else its waiting would span this whole run).
-  auto& badput = *attempt->mutable_badput_seconds();
-  badput["waiting_for_hosts"] = PhaseSeconds(job, "PENDING", "ASSIGNED", now);
-  badput["executable_transfer"] = PhaseSeconds(job, "LOADING", "RUNNING", now);
-  badput["compile"] = job.compile_seconds();
+  attempt->mutable_badput_seconds()->insert(ended.badput.begin(), ended.badput.end());
   job.clear_compile_seconds();
   job.mutable_state_entered_unix_micros()->clear();
   (*job.mutable_state_entered_unix_micros())["PENDING"] = absl::ToUnixMicros(now);

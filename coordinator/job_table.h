@@ -26,7 +26,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
+#include "coordinator/goodput.h"
 #include "jobspec/job_states.h"
 #include "meshrun/v1/job.pb.h"
 
@@ -72,14 +74,16 @@ class JobTable {
 
   // Ends the job's current run and makes it PENDING again, to start over from the checkpoint
   // `resume_from` (step `restored_step`): records a JobAttempt (naming `host` and `cause`, with
-  // the run's time by goodput cause), clears the run's mesh, hosts, compile time and state
+  // the run's wall time partitioned by goodput cause from its state times and `run_steps`, its
+  // summaries: StepTimes::RunSamples), clears the run's mesh, hosts, compile time and state
   // times, and stamps the next run's PENDING now. Errors: NOT_FOUND, FAILED_PRECONDITION (a
   // final job).
   // `expected_attempts`: the attempts the caller saw; ABORTED when another failure restarted
   // the job since (then nothing changes).
   absl::Status Restart(const std::string& job_id, const std::string& host,
                        const std::string& cause, const std::string& resume_from,
-                       int64_t restored_step, int expected_attempts);
+                       int64_t restored_step, int expected_attempts,
+                       absl::Span<const StepSample> run_steps);
 
   // Moves a job to CANCELLED. Errors: as Transition (a finished job cannot be cancelled).
   absl::Status Cancel(const std::string& job_id);

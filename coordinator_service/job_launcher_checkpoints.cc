@@ -174,8 +174,11 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
     failed_member_[job_id] = {host, member->second};
   }
   // Restart first: of two failures of the same run, only one restarts the job.
-  const absl::Status restarted = config_.jobs->Restart(job_id, host, cause, newest->path(),
-                                                       newest->step(), job->attempts_size());
+  const std::vector<coordinator::StepSample> run_steps =
+      config_.telemetry != nullptr ? config_.telemetry->step_times().RunSamples(job_id)
+                                   : std::vector<coordinator::StepSample>{};
+  const absl::Status restarted = config_.jobs->Restart(
+      job_id, host, cause, newest->path(), newest->step(), job->attempts_size(), run_steps);
   if (absl::IsAborted(restarted)) return true;  // another failure restarted it: handled
   if (!restarted.ok()) return false;            // ended meanwhile
   StopWorkers(*job);  // the old run's hosts, before the new run starts

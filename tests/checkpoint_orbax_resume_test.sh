@@ -46,7 +46,10 @@ grep -A2 'key: "restore"' "$tmp/get.txt" | grep -q "value:" || fail "no restore 
 curl -sf "http://127.0.0.1:$http/metrics" >"$tmp/metrics.txt" || fail "/metrics"
 grep -q "^meshrun_job_goodput_ratio{job_id=\"$job\"} " "$tmp/metrics.txt" || fail "no goodput on /metrics"
 grep -q "^meshrun_job_badput_seconds{.*cause=\"compile\"" "$tmp/metrics.txt" || fail "no badput on /metrics"
-echo "goodput of the resumed job: $ratio"
+cli get "$job" >"$tmp/summary.txt"
+grep -q "^goodput: .*% of .* s; badput: " "$tmp/summary.txt" &&
+  grep -q "(resumed from step 20)" "$tmp/summary.txt" || fail "meshrun get: $(cat "$tmp/summary.txt")"
+echo "goodput of the resumed job: $ratio ($(grep goodput "$tmp/summary.txt"))"
 
 # A checkpoint saved with OCDBT (Orbax's default): refused, saying how to save instead.
 "$python" "$src/tests/orbax_written.py" values "$tmp/values" >/dev/null 2>&1 \

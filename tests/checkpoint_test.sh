@@ -108,7 +108,7 @@ grep -q "array state.params.w1 chunk 0.0.*corrupted" "$tmp/corrupt.txt" \
 # 4. A full disk fails the checkpoint, not the job.
 disk_full_skipped=
 if mkdir -p "$tmp/full_disk" && mount -t tmpfs -o size=16k tmpfs "$tmp/full_disk" 2>/dev/null; then
-  trap 'umount "$tmp/full_disk" 2>/dev/null || true; cleanup' EXIT
+  exit_hooks+=('umount "$tmp/full_disk" 2>/dev/null || true')
   run "$mlp/dp8/job.json" disk_full --steps=10 --checkpoint_dir="$tmp/full_disk"
   grep -q "No space left on device" "$tmp/disk_full.txt" \
     || fail "the failed checkpoint is not in the manifest: $(cat "$tmp/disk_full.txt")"

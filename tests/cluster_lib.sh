@@ -3,7 +3,25 @@
 # every log, bounded waits, and the CLI against the coordinator on `port`.
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+# Commands a test adds to run on exit, before its processes are killed (a test must not set its
+# own EXIT trap: cleanup keeps the test's exit status).
+exit_hooks=()
+goodput_check="$(dirname "${BASH_SOURCE[0]}")/goodput_check.py"
+# On a passing exit, every job the coordinator still knows must have a goodput that adds up to
+# its wall time (tests/goodput_check.py); a coordinator the test already stopped is not asked.
+check_goodput() {
+  local listed
+  [ -n "${port:-}" ] && listed=$(cli --output=json list 2>/dev/null) || return 0
+  python3 "$goodput_check" <<<"$listed"
+}
+cleanup() {
+  local status=$? hook p
+  if [ "$status" = 0 ] && ! check_goodput; then status=1; fi
+  for hook in "${exit_hooks[@]}"; do eval "$hook"; done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+  exit "$status"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -30 "$f"; done; exit 1; }
 # Waits up to 30 s for pattern $2 in file $1.

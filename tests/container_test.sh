@@ -43,9 +43,8 @@ stop_containers() {
   for p in $(descendants "${pids[@]}"); do kill -9 "$p" 2>/dev/null || true; done
   buildah "${store[@]}" rm --all >/dev/null 2>&1 || true
   buildah "${store[@]}" rmi --all --force >/dev/null 2>&1 || true
-  cleanup
 }
-trap stop_containers EXIT
+exit_hooks+=(stop_containers)
 
 prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || fail "cmake --install failed"

@@ -93,6 +93,13 @@ def cluster():
         time.sleep(0.2)
     c.client = client
     yield c
+    # Every job the tests ran: its goodput partitions its wall time (docs/goodput.md).
+    from google.protobuf import json_format
+    sys.path.insert(0, os.path.join(os.path.dirname(EXAMPLES), "tests"))
+    import goodput_check
+    jobs = [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in client.list()]
+    bad = goodput_check.problems(jobs)
     client.close()
     c.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+    assert not bad, "goodput does not add up:\n" + "\n".join(bad)

@@ -64,7 +64,7 @@ netns_clean_stale() {
 }
 netns_up() {
   netns_clean_stale
-  trap 'cleanup; netns_teardown' EXIT
+  exit_hooks+=(netns_teardown)
   ip netns add "$netns_prefix-br"
   ip -n "$netns_prefix-br" link add br0 type bridge
   ip -n "$netns_prefix-br" link set br0 up
