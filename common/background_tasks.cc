@@ -1,13 +1,20 @@
 #include "common/background_tasks.h"
 
+#include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace meshrun {
 
-void RunConcurrently(size_t n, const std::function<void(size_t)>& task) {
+void RunConcurrently(size_t n, const std::function<void(size_t)>& task, size_t max_threads) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) task(i);
+  };
   std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back(task, i);
+  const size_t count = std::min(n, std::max<size_t>(max_threads, 1));
+  threads.reserve(count);
+  for (size_t t = 0; t < count; ++t) threads.emplace_back(work);
   for (std::thread& thread : threads) thread.join();
 }
 

@@ -40,8 +40,14 @@ class BackgroundTasks {
   std::list<Task> tasks_ ABSL_GUARDED_BY(mu_);
 };
 
-// Runs task(0) .. task(n - 1), each on a thread of its own, and returns when all finished:
-// calls to several hosts then cost the slowest one's time, not the sum.
-void RunConcurrently(size_t n, const std::function<void(size_t)>& task);
+// Most threads a RunConcurrently call starts: a launch to a thousand hosts must not start a
+// thousand threads (their stacks, and their contention on the coordinator's locks).
+inline constexpr size_t kMaxConcurrentCalls = 64;
+
+// Runs task(0) .. task(n - 1) on min(n, max_threads) threads, each taking the next index when it
+// finishes one, and returns when all finished: calls to up to max_threads hosts cost the slowest
+// one's time, not the sum; past that, about n / max_threads rounds of it.
+void RunConcurrently(size_t n, const std::function<void(size_t)>& task,
+                     size_t max_threads = kMaxConcurrentCalls);
 
 }  // namespace meshrun

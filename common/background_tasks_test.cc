@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
@@ -60,6 +63,35 @@ TEST(RunConcurrentlyTest, RunsEachIndexOnceAllAtOnce) {
   });
   for (const auto& n : runs) EXPECT_EQ(n, 1);
   RunConcurrently(0, [](size_t) { ADD_FAILURE() << "ran a task of none"; });
+}
+
+// Past max_threads, tasks wait for a free thread: never more than max_threads at once, each
+// index once.
+TEST(RunConcurrentlyTest, BoundsTheThreads) {
+  constexpr size_t kTasks = 200, kThreads = 8;
+  std::atomic<int> running{0}, most{0};
+  std::atomic<int> runs[kTasks] = {};
+  absl::Mutex mu;
+  std::set<std::thread::id> threads;
+  RunConcurrently(
+      kTasks,
+      [&](size_t i) {
+        ++runs[i];
+        const int now = ++running;
+        for (int seen = most; now > seen && !most.compare_exchange_weak(seen, now);) {
+        }
+        {
+          absl::MutexLock lock(&mu);
+          threads.insert(std::this_thread::get_id());
+        }
+        absl::SleepFor(absl::Microseconds(200));
+        --running;
+      },
+      kThreads);
+  for (const auto& n : runs) EXPECT_EQ(n, 1);
+  EXPECT_LE(most, static_cast<int>(kThreads));
+  EXPECT_GT(most, 1);  // they did run side by side
+  EXPECT_LE(threads.size(), kThreads);
 }
 
 }  // namespace

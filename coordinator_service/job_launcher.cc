@@ -189,24 +189,27 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     for (const WorkerInfo& host : assigned.hosts) names.push_back(host.host);
     config_.progress->StartJob(job_id, names);
   }
-  for (const WorkerInfo& host : assigned.hosts) {
-    v1::StartJobRequest request;
-    request.set_job_id(job_id);
-    *request.mutable_manifest() = job;
-    if (config_.progress != nullptr) {
-      request.set_hang_timeout_millis(
-          absl::ToInt64Milliseconds(config_.progress->hang_timeout()));
-    }
+  v1::StartJobRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_manifest() = std::move(job);
+  if (config_.progress != nullptr) {
+    request.set_hang_timeout_millis(absl::ToInt64Milliseconds(config_.progress->hang_timeout()));
+  }
+  // Every host at once (bounded): the launch costs the slowest StartJob, not their sum.
+  std::vector<absl::Status> started(assigned.hosts.size());
+  RunConcurrently(assigned.hosts.size(), [&](size_t i) {
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
-    absl::Status started =
-        FromGrpcStatus(WorkerStub(host).StartJob(context.get(), request, &response));
-    if (!started.ok()) {
-      config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host.host); })
-          .IgnoreError();
-      return absl::Status(started.code(), absl::StrCat("starting the job on worker ", host.host,
-                                                       ": ", started.message()));
-    }
+    started[i] = FromGrpcStatus(
+        WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
+  });
+  for (size_t i = 0; i < started.size(); ++i) {  // the first host, in mesh order, that failed
+    if (started[i].ok()) continue;
+    const std::string& host = assigned.hosts[i].host;
+    config_.jobs->Update(job_id, [&](v1::JobManifest& m) { m.set_failed_host(host); })
+        .IgnoreError();
+    return absl::Status(started[i].code(), absl::StrCat("starting the job on worker ", host,
+                                                        ": ", started[i].message()));
   }
   absl::Status running = config_.jobs->Transition(job_id, v1::JOB_STATE_RUNNING, attempts);
   // A worker may already have finished (tiny jobs) or the job was cancelled meanwhile: then
