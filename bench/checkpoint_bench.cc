@@ -21,11 +21,16 @@
 //                             deleted in the last 30 s, so deleting between rounds would tax the
 //                             side that makes 112 inodes (the plain side makes one).
 //                             Ratio writer bytes/s / plain bytes/s.
+// With --memory_every K, one comparison instead (docs/checkpoints.md, "Memory tier"):
+//   memory_checkpoint_overhead  StepLoop for N steps without checkpoints against the same with
+//                             an in-memory checkpoint every K steps (worker/memory_checkpoints.h:
+//                             the state's distinct blocks copied to host and kept, as a worker
+//                             does). Ratio none / memory.
 // Also printed: the saver's throughput while training (its writes then compete with the step
 // loop for the cores), and restore-to-first-step beside cold-start-to-first-step seconds.
 //
 // Usage: meshrun_checkpoint_bench [--steps N] [--every K] [--rounds R] [--write_rounds W]
-//                                 [--dir PATH]
+//                                 [--dir PATH] [--memory_every K]
 //
 // Figures and what limits them: docs/checkpoints.md ("Figures") and bench/README.md.
 #include <fcntl.h>
@@ -51,6 +56,7 @@
 #include "checkpoint/store.h"
 #include "common/file_sync.h"
 #include "worker/checkpointing.h"
+#include "worker/memory_checkpoints.h"
 #include "runtime/backends.h"
 #include "runtime/compile_options.h"
 #include "bundle/example_job.h"
@@ -104,6 +110,7 @@ struct Bench {
   worker::Metrics saver_metrics;
   absl::Mutex mu;
   std::vector<v1::ReportCheckpointRequest> reports ABSL_GUARDED_BY(mu);
+  worker::MemoryCheckpointStore memory;
 
   worker::RunSpec Spec(int64_t steps) {
     worker::RunSpec spec{.job_id = "bench", .host = "host-0", .num_state = job.num_state,
@@ -115,14 +122,26 @@ struct Bench {
     return spec;
   }
 
-  // Seconds for `steps` steps; every > 0 adds a saver writing into `dir`.
+  // Seconds for `steps` steps; every > 0 adds a saver writing into `dir`, memory_every > 0
+  // in-memory checkpoints into `memory`.
   absl::StatusOr<double> Run(int64_t steps, int64_t every,
                              worker::StepLoop::RestoreState restore = nullptr,
-                             double* first_step_seconds = nullptr) {
+                             double* first_step_seconds = nullptr, int64_t memory_every = 0) {
     std::unique_ptr<worker::CheckpointSaver> saver;
     worker::StepLoop::Config config{.runtime = runtime, .init = init, .step = step,
                                     .spec = Spec(steps),
                                     .batches = std::make_unique<CyclingBatches>(job)};
+    if (memory_every > 0) {
+      config.memory_checkpoint_every = memory_every;
+      config.memory_checkpoint = [this](int64_t s, const worker::StepLoop::DeviceBuffers& state,
+                                        const std::vector<int64_t>& partitions, int64_t position) {
+        const worker::StateLayout layout{.state = StateSpecs(job), .mesh_axes = job.mesh_axes,
+                                         .mesh_shape = job.mesh_shape};
+        auto snapshot = worker::TakeSnapshot(*runtime, layout, "bench", s, position, state,
+                                             partitions, nullptr);
+        if (snapshot.ok()) memory.Put(*std::move(snapshot));
+      };
+    }
     if (every > 0) {
       fs::remove_all(dir);
       fs::create_directories(dir);
@@ -225,11 +244,36 @@ absl::StatusOr<std::vector<checkpoint::ArrayChunks>> ChunksOf(const std::string&
   return out;
 }
 
+// The memory_checkpoint_overhead comparison (see the file comment); returns main's status.
+int MemoryOverhead(Bench& bench, int64_t steps, int64_t memory_every, int rounds) {
+  std::vector<double> overhead;  // none / memory, per round
+  for (int round = 0; round < rounds; ++round) {
+    double t[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      const bool with = (k + round) % 2 == 1;
+      auto run = bench.Run(steps, 0, nullptr, nullptr, with ? memory_every : 0);
+      if (!run.ok()) return Fail(with ? "memory" : "none", run.status());
+      t[with] = *run;
+      std::printf("round %d %s: %.2f s (%.2f steps/s)\n", round + 1, with ? "memory" : "none",
+                  *run, steps / *run);
+      std::fflush(stdout);
+    }
+    overhead.push_back(t[0] / t[1]);
+  }
+  std::printf("in-memory checkpoint every %lld steps: %lld bytes held per step kept\n",
+              static_cast<long long>(memory_every),
+              static_cast<long long>(bench.memory.Held().empty()
+                                         ? 0 : bench.memory.Held().front()->Bytes()));
+  std::printf("memory_checkpoint_overhead per round: %s\n", Spread(overhead).c_str());
+  std::printf("ratio memory_checkpoint_overhead %.4f\n", Median(overhead));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   meshrun::ConfigureMutexDeadlockDetection();
-  int64_t steps = 200, every = 100;
+  int64_t steps = 200, every = 100, memory_every = 0;
   int rounds = 2, write_rounds = 15;
   std::string dir = (fs::temp_directory_path() / "meshrun_checkpoint_bench").string();
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -238,10 +282,12 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--write_rounds") == 0) write_rounds = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
+    else if (std::strcmp(argv[i], "--memory_every") == 0) memory_every = std::atoll(argv[i + 1]);
   }
-  if (steps < 1 || every < 1 || rounds < 1 || write_rounds < 1) {
+  if (steps < 1 || every < 1 || rounds < 1 || write_rounds < 1 || memory_every < 0) {
     std::fprintf(stderr,
-                 "usage: %s [--steps N] [--every K] [--rounds R] [--write_rounds W] [--dir PATH]\n",
+                 "usage: %s [--steps N] [--every K] [--rounds R] [--write_rounds W] [--dir PATH] "
+                 "[--memory_every K]\n",
                  argv[0]);
     return 2;
   }
@@ -261,6 +307,7 @@ int main(int argc, char** argv) {
               .dir = dir};
 
   if (auto warm = bench.Run(2, 0); !warm.ok()) return Fail("warm-up", warm.status());
+  if (memory_every > 0) return MemoryOverhead(bench, steps, memory_every, rounds);
   std::map<std::string, std::vector<double>> seconds, cpu;
   std::vector<double> overhead;  // none / every, per round
   for (int round = 0; round < rounds; ++round) {

@@ -11,6 +11,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "empty = no checkpoints");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
           "submit: with --checkpoint_dir, a checkpoint after every N-th step and the last");
+ABSL_FLAG(int32_t, memory_checkpoint_every, -1,
+          "submit: with --checkpoint_dir, each host also keeps its state in memory after every "
+          "N-th step, which a restart restores from when newer than the disk's (0 = never); "
+          "-1 = the default (10)");
 ABSL_FLAG(int32_t, keep_checkpoints, 3,
           "submit: committed checkpoints kept, newest first (0 = all)");
 ABSL_FLAG(std::string, resume_from, "",
@@ -41,10 +45,17 @@ absl::Status ApplyCheckpointFlags(
     if (absl::GetFlag(FLAGS_keep_checkpoints) < 0) {
       return absl::InvalidArgumentError("--keep_checkpoints must be >= 0 (0 keeps all)");
     }
+    const int32_t memory_every = absl::GetFlag(FLAGS_memory_checkpoint_every);
+    if (memory_every < -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--memory_checkpoint_every is ", memory_every,
+          "; it must be >= 0 (0 = never), or -1 for the default"));
+    }
     v1::CheckpointPolicy* policy = spec.mutable_checkpoint();
     policy->set_directory(fs::absolute(dir).lexically_normal().string());
     policy->set_every_steps(absl::GetFlag(FLAGS_checkpoint_every));
     policy->set_keep_last(absl::GetFlag(FLAGS_keep_checkpoints));
+    if (memory_every >= 0) policy->set_memory_every_steps(memory_every);
   }
   if (const int32_t restarts = absl::GetFlag(FLAGS_max_restarts); restarts >= 0) {
     spec.set_max_restarts(restarts);

@@ -132,7 +132,9 @@ std::string JobSummaryText(const v1::JobManifest& job) {
     absl::StrAppend(&step, "; run ", job.attempts_size() + 1, " after ", job.attempts_size(),
                     job.attempts_size() == 1 ? " restart" : " restarts",
                     job.restored_step() > 0
-                        ? absl::StrCat(", from the checkpoint of step ", job.restored_step())
+                        ? absl::StrCat(", from the ",
+                                       job.memory_restore().step() > 0 ? "in-memory " : "",
+                                       "checkpoint of step ", job.restored_step())
                         : ", from the start");
   }
   Line(out, "step", step);
@@ -187,7 +189,21 @@ std::string JobSummaryText(const v1::JobManifest& job) {
                       last.committed() ? " (committed) " : " (not committed) ", last.path(),
                       last.error().empty() ? "" : ": " + last.error()));
   }
-  if (job.attempts_size() > 0) Line(out, "restarts", absl::StrCat(job.attempts_size()));
+  if (job.attempts_size() > 0) {  // each restart: which host, which tier, who took its place
+    std::vector<std::string> restarts;
+    for (const v1::JobAttempt& attempt : job.attempts()) {
+      std::string told = absl::StrCat("step ", attempt.last_step(), " -> ",
+                                      attempt.restored_step(), " from ",
+                                      attempt.restored_from().empty() ? "disk"
+                                                                      : attempt.restored_from());
+      if (!attempt.host().empty()) absl::StrAppend(&told, " (", attempt.host(), ")");
+      for (const auto& [gone, added] : attempt.replaced_hosts()) {
+        absl::StrAppend(&told, ", ", added, " replaced ", gone);
+      }
+      restarts.push_back(std::move(told));
+    }
+    Line(out, "restarts", absl::StrCat(job.attempts_size(), ": ", absl::StrJoin(restarts, "; ")));
+  }
   if (job.straggler_hosts_size() > 0) {
     Line(out, "stragglers", absl::StrJoin(job.straggler_hosts(), ", "));
   }

@@ -36,8 +36,8 @@ const std::vector<Command>& Commands() {
        "5 when it still runs after --wait. Warnings the coordinator accepted the job despite "
        "(e.g. an array file without a header) go to stderr.",
        {"steps", "cadence", "data", "host_replicas", "on_nonfinite", "follow", "wait",
-        "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume_from",
-        "max_restarts"}},
+        "checkpoint_dir", "checkpoint_every", "memory_checkpoint_every", "keep_checkpoints",
+        "resume_from", "max_restarts"}},
       {"get", "get <job-id>", "a job's summary (--output=json: the whole manifest)",
        "Prints a job's state, mesh, runtime, compile, data, steps, checkpoints, goodput and "
        "error. --output=json prints the manifest as JSON, --output=textproto as text proto.",

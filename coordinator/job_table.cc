@@ -138,7 +138,8 @@ absl::Status JobTable::Fail(const std::string& job_id, const std::string& host,
 absl::Status JobTable::Restart(const std::string& job_id, const std::string& host,
                                const std::string& cause, const std::string& resume_from,
                                int64_t restored_step, int expected_attempts,
-                               absl::Span<const StepSample> run_steps) {
+                               absl::Span<const StepSample> run_steps,
+                               const v1::MemoryRestore& memory) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
@@ -172,8 +173,12 @@ absl::Status JobTable::Restart(const std::string& job_id, const std::string& hos
   attempt->set_last_step(job.last_step());
   attempt->set_restored_step(restored_step);
   attempt->set_steps_lost(std::max<int64_t>(0, job.last_step() - restored_step));
+  attempt->set_restored_from(memory.step() > 0 ? "memory" : "disk");
+  for (const auto& [member, incarnation] : job.host_incarnations()) attempt->add_hosts(member);
+  std::sort(attempt->mutable_hosts()->begin(), attempt->mutable_hosts()->end());
   job.set_state(v1::JOB_STATE_PENDING);
   job.mutable_spec()->set_resume_from(resume_from);
+  *job.mutable_memory_restore() = memory;
   job.set_restored_step(restored_step);
   job.set_last_step(restored_step);
   job.clear_mesh();

@@ -79,11 +79,14 @@ class JobTable {
   // times, and stamps the next run's PENDING now. Errors: NOT_FOUND, FAILED_PRECONDITION (a
   // final job).
   // `expected_attempts`: the attempts the caller saw; ABORTED when another failure restarted
-  // the job since (then nothing changes).
+  // the job since (then nothing changes). With `memory` (its step > 0) the next run restores
+  // from the hosts' in-memory checkpoints instead (restored_step is then its step); the
+  // attempt records which tier and the run's hosts.
   absl::Status Restart(const std::string& job_id, const std::string& host,
                        const std::string& cause, const std::string& resume_from,
                        int64_t restored_step, int expected_attempts,
-                       absl::Span<const StepSample> run_steps);
+                       absl::Span<const StepSample> run_steps,
+                       const v1::MemoryRestore& memory = v1::MemoryRestore::default_instance());
 
   // Moves a job to CANCELLED. Errors: as Transition (a finished job cannot be cancelled).
   absl::Status Cancel(const std::string& job_id);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,8 @@ void JobLauncher::Launch(const std::string& job_id, int attempts) {
   });
 }
 
-const JobLauncher::Peer& JobLauncher::PeerAt(const WorkerInfo& worker) {
+const JobLauncher::Peer& JobLauncher::PeerAt(const WorkerInfo& worker,
+                                             absl::Duration reconnect_wait) {
   // security: the worker called must present the identity of the host the job was given, never
   // one looked up by address (an address may change hands; the registry keeps one owner each).
   Peer* peer;  // map nodes are stable, and a peer is never replaced
@@ -58,7 +60,7 @@ const JobLauncher::Peer& JobLauncher::PeerAt(const WorkerInfo& worker) {
     }
   }
   // A worker restarted at this address: reach the new process, not the old channel's backoff.
-  ReconnectIfFailing(*peer->channel, absl::Seconds(3));
+  ReconnectIfFailing(*peer->channel, reconnect_wait);
   return *peer;
 }
 
@@ -116,6 +118,25 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
   return out;
 }
 
+namespace {
+// The ended run's hosts this run does without, each paired (in order) with a host it took on.
+void RecordReplacements(v1::JobManifest& job) {
+  v1::JobAttempt& ended = *job.mutable_attempts(job.attempts_size() - 1);
+  std::vector<std::string> gone, added;
+  for (const std::string& host : ended.hosts()) {
+    if (!job.host_incarnations().contains(host)) gone.push_back(host);
+  }
+  std::set<std::string> kept(ended.hosts().begin(), ended.hosts().end());
+  for (const auto& [host, incarnation] : job.host_incarnations()) {
+    if (!kept.contains(host)) added.push_back(host);
+  }
+  ended.clear_replaced_hosts();
+  for (size_t i = 0; i < gone.size() && i < added.size(); ++i) {
+    (*ended.mutable_replaced_hosts())[gone[i]] = added[i];
+  }
+}
+}  // namespace
+
 absl::Status JobLauncher::Book(const std::string& job_id, const v1::JobSpec& spec,
                                const Assignment& assigned) {
   const coordinator::MeshPlan& plan = assigned.plan;
@@ -132,6 +153,7 @@ absl::Status JobLauncher::Book(const std::string& job_id, const v1::JobSpec& spe
       (*m.mutable_host_incarnations())[host.host] = host.incarnation;
       (*m.mutable_host_runtime_versions())[host.host] = runtime::ToString(host.runtime);
     }
+    if (m.attempts_size() > 0) RecordReplacements(m);
     m.set_compile_mode(jobspec::CompileMode(spec));
   });
 }
@@ -259,7 +281,11 @@ void JobLauncher::StopWorkers(const v1::JobManifest& job) {
     request.set_job_id(job.job_id());
     v1::StopJobResponse response;
     auto context = ContextWithTimeout(absl::Seconds(5));
-    grpc::Status status = WorkerStub(running[i]).StopJob(context.get(), request, &response);
+    // No wait for a failing channel: its host is most likely the one lost (gRPC keeps the
+    // channel failing until a connection succeeds, so the wait would run out), and a live host
+    // missed here is stopped by the next run's StartJob (WorkerServer::StopEarlierRun).
+    grpc::Status status = WorkerStub(running[i], absl::ZeroDuration())
+                              .StopJob(context.get(), request, &response);
     if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("stopping job {} on {}: {}", job.job_id(), running[i].host,
                    status.error_message());
@@ -287,6 +313,9 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
       return absl::OkStatus();
     case v1::JOB_STATE_FAILED:
     case v1::JOB_STATE_CANCELLED:
+      spdlog::info("job {} run {}: {} reports {}{}{}", report.job_id(), job.attempts_size() + 1,
+                   report.host(), jobspec::JobStateName(report.state()),
+                   report.error().empty() ? "" : ": ", report.error());
       // Probing the other hosts and stopping them waits on workers: off the RPC's thread.
       launches_.Run([this, report, job = std::move(job)] {
         // Another host's report of the same run may have restarted the job meanwhile.
@@ -320,7 +349,12 @@ absl::Status JobLauncher::Report(const v1::ReportJobProgressRequest& report) {
           error = absl::StrCat("worker ", gone, " is unreachable; ", host, " reported: ", error);
           host = gone;
         } else if (report.restore_failed()) {  // the checkpoint's fault, not the host's
-          MarkUnrestorable(job, error);
+          if (job.memory_restore().step() > 0) {  // the next restart reads the disk tier
+            absl::MutexLock lock(&mu_);
+            memory_refused_[job.job_id()] = job.memory_restore().step();
+          } else {
+            MarkUnrestorable(job, error);
+          }
           host_at_fault = false;
         }
         // A restart would compute the same values again: the job ends here.
@@ -396,7 +430,8 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
     v1::GetStatusRequest request;
     v1::WorkerStatusReport status;
     auto context = ContextWithTimeout(absl::Seconds(1));
-    if (!WorkerStub(entry.info).GetStatus(context.get(), request, &status).ok() ||
+    if (!WorkerStub(entry.info, kProbeReconnectWait).GetStatus(context.get(), request, &status)
+             .ok() ||
         status.incarnation() != it->second) {
       return entry.info.host;
     }
@@ -435,6 +470,7 @@ void JobLauncher::Finished(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   succeeded_hosts_.erase(job_id);
   failed_member_.erase(job_id);
+  memory_refused_.erase(job_id);
   preempted_.erase(job_id);
 }
 

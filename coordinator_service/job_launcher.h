@@ -179,12 +179,18 @@ class JobLauncher {
   // Restarts a job with a checkpoint policy may make when its JobSpec does not say.
   static constexpr int kDefaultMaxRestarts = 3;
   // Automatic recovery: when `job_id` can restart, stops its workers, makes it PENDING from its
-  // newest committed checkpoint and launches it again; returns whether it did.
+  // newest checkpoint (in memory when the surviving hosts hold one at least as new as the
+  // newest committed one) and launches it again; returns whether it did.
   // Records on the job's checkpoint that this run restored that restoring it failed
   // (CheckpointRecord.restore_error), so that recovery falls back to an older one.
   void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
                     const std::string& cause, bool host_at_fault = true);
+  // The newest in-memory checkpoint at or past `at_least` that the hosts of `job`'s run, less
+  // `lost` ("" for none), still hold for every mesh position (asked at once, 1 s each).
+  std::optional<v1::MemoryRestore> NewestMemoryCheckpoint(const v1::JobManifest& job,
+                                                          const std::string& lost,
+                                                          int64_t at_least);
   // A restarted run found no hosts within restart_wait (`why`, the planner's answer): fails the
   // job naming the previous run's cause and host, and the checkpoint to resume from.
   void GiveUpRestart(const v1::JobManifest& job, const absl::Status& why);
@@ -195,9 +201,16 @@ class JobLauncher {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Worker::Stub> stub;
   };
-  const Peer& PeerAt(const coordinator::WorkerInfo& worker);
-  v1::Worker::Stub& WorkerStub(const coordinator::WorkerInfo& worker) {
-    return *PeerAt(worker).stub;
+  // `reconnect_wait`: how long a call waits for a failing channel to connect again (a worker
+  // restarted at the same address). gRPC keeps such a channel failing until a connection
+  // succeeds, so to a dead host the whole wait is spent: calls on a restart's path wait less.
+  static constexpr absl::Duration kLaunchReconnectWait = absl::Seconds(3);
+  static constexpr absl::Duration kProbeReconnectWait = absl::Milliseconds(500);
+  const Peer& PeerAt(const coordinator::WorkerInfo& worker,
+                     absl::Duration reconnect_wait = kLaunchReconnectWait);
+  v1::Worker::Stub& WorkerStub(const coordinator::WorkerInfo& worker,
+                               absl::Duration reconnect_wait = kLaunchReconnectWait) {
+    return *PeerAt(worker, reconnect_wait).stub;
   }
 
   const Config config_;
@@ -213,6 +226,9 @@ class JobLauncher {
   // must not be planned onto (it may still look alive until its heartbeat times out).
   std::map<std::string, std::pair<std::string, std::string>> failed_member_
       ABSL_GUARDED_BY(mu_);
+  // Jobs whose restore from an in-memory checkpoint failed: that step and older are not tried
+  // again (the next restart reads the disk tier).
+  std::map<std::string, int64_t> memory_refused_ ABSL_GUARDED_BY(mu_);
   // Preempted jobs: the run (attempts' size) and the host whose SIGTERM stopped it.
   std::map<std::string, std::pair<int, std::string>> preempted_ ABSL_GUARDED_BY(mu_);
   absl::Mutex stats_mu_;

@@ -1,6 +1,7 @@
 // JobLauncher's checkpoint side (docs/checkpoints.md): `meshrun checkpoint <job>` asks each host
 // of a running job to checkpoint after its current step, and automatic recovery restarts a job
-// from its newest committed checkpoint when one of its hosts dies or fails.
+// from its newest checkpoint (in its hosts' memory, or committed on disk) when one of its hosts
+// dies or fails.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -12,10 +13,14 @@
 #include "common/background_tasks.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
+#include "coordinator/memory_restore.h"
 #include "coordinator_service/job_launcher.h"
+#include "jobspec/job_validation.h"
 #include "rpc/server_support.h"
 
 namespace meshrun::services {
+using coordinator::WorkerEntry;
+using coordinator::WorkerInfo;
 
 absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bool then_stop) {
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
@@ -164,10 +169,13 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
       newest = &record;
     }
   }
-  if (newest == nullptr) {
+  const std::optional<v1::MemoryRestore> memory =
+      NewestMemoryCheckpoint(*job, host_at_fault ? host : "", newest ? newest->step() : 0);
+  if (newest == nullptr && !memory.has_value()) {
     spdlog::warn("job {}: no committed checkpoint left to restart from", job_id);
     return false;
   }
+  const int64_t step = memory.has_value() ? memory->step() : newest->step();
   if (auto member = job->host_incarnations().find(host);
       host_at_fault && member != job->host_incarnations().end()) {
     absl::MutexLock lock(&mu_);
@@ -178,15 +186,55 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
       config_.telemetry != nullptr ? config_.telemetry->step_times().RunSamples(job_id)
                                    : std::vector<coordinator::StepSample>{};
   const absl::Status restarted = config_.jobs->Restart(
-      job_id, host, cause, newest->path(), newest->step(), job->attempts_size(), run_steps);
+      job_id, host, cause, newest != nullptr ? newest->path() : job->spec().resume_from(), step,
+      job->attempts_size(), run_steps, memory.value_or(v1::MemoryRestore()));
   if (absl::IsAborted(restarted)) return true;  // another failure restarted it: handled
   if (!restarted.ok()) return false;            // ended meanwhile
   StopWorkers(*job);  // the old run's hosts, before the new run starts
   commits_.Forget(job_id);  // the old run's uncommitted checkpoints
-  spdlog::warn("job {} RESTARTING from its checkpoint of step {} (run {} of at most {}): {}",
-               job_id, newest->step(), job->attempts_size() + 2, max_restarts + 1, cause);
+  spdlog::warn("job {} RESTARTING from its {}checkpoint of step {} (run {} of at most {}): {}",
+               job_id, memory.has_value() ? "in-memory " : "", step, job->attempts_size() + 2,
+               max_restarts + 1, cause);
   Launch(job_id, job->attempts_size() + 1);
   return true;
+}
+
+std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::JobManifest& job,
+                                                                     const std::string& lost,
+                                                                     int64_t at_least) {
+  if (jobspec::MemoryCheckpointEvery(job.spec().checkpoint()) == 0) return std::nullopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = memory_refused_.find(job.job_id()); it != memory_refused_.end()) {
+      at_least = std::max(at_least, it->second + 1);
+    }
+  }
+  std::vector<std::string> run_hosts;
+  for (const auto& [member, incarnation] : job.host_incarnations()) run_hosts.push_back(member);
+  std::vector<WorkerInfo> alive;
+  for (const WorkerEntry& entry : config_.registry->List()) {
+    auto it = job.host_incarnations().find(entry.info.host);
+    if (it != job.host_incarnations().end() && entry.info.host != lost &&
+        it->second == entry.info.incarnation && entry.state == coordinator::WorkerState::kAlive) {
+      alive.push_back(entry.info);
+    }
+  }
+  std::vector<coordinator::SurvivingHost> survivors(alive.size());
+  RunConcurrently(alive.size(), [&](size_t i) {
+    survivors[i].host = alive[i].host;
+    survivors[i].address = alive[i].address;
+    v1::GetStatusRequest request;
+    v1::WorkerStatusReport status;
+    auto context = ContextWithTimeout(absl::Seconds(1));
+    if (WorkerStub(alive[i], kProbeReconnectWait).GetStatus(context.get(), request, &status)
+            .ok() &&
+        status.incarnation() == alive[i].incarnation) {
+      survivors[i].held.assign(status.memory_checkpoints().begin(),
+                               status.memory_checkpoints().end());
+    }
+  });
+  return coordinator::PickMemoryRestore(job.job_id(), run_hosts, survivors,
+                                        job.mesh().replica_hosts_size() > 1, at_least);
 }
 
 void JobLauncher::GiveUpRestart(const v1::JobManifest& job, const absl::Status& why) {

@@ -215,6 +215,11 @@ absl::Status CheckCheckpointFields(const v1::JobSpec& spec) {
                                                             "; it must be >= 1"));
     }
     if (policy.keep_last() < 0) return Invalid("checkpoint.keep_last", "is negative; 0 keeps all");
+    if (policy.memory_every_steps() < 0) {
+      return Invalid("checkpoint.memory_every_steps",
+                     absl::StrCat("is ", policy.memory_every_steps(),
+                                  "; it must be >= 0 (0: no in-memory checkpoints)"));
+    }
   }
   if (spec.resume_from().empty()) return absl::OkStatus();
   absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(spec.resume_from());

@@ -27,6 +27,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 absl::StatusOr<v1::DataReceipt> ReadDataReceipt(const v1::JobSpec& spec,
                                                const PathRoots* roots = nullptr);
 
+// How often a job with `policy` takes in-memory checkpoints (docs/checkpoints.md, "Memory
+// tier"): memory_every_steps, 10 when unset; 0 = never.
+inline constexpr int kDefaultMemoryCheckpointEvery = 10;
+inline int64_t MemoryCheckpointEvery(const v1::CheckpointPolicy& policy) {
+  return policy.has_memory_every_steps() ? policy.memory_every_steps()
+                                         : kDefaultMemoryCheckpointEvery;
+}
+
 // The step of the checkpoint spec.resume_from holds; 0 without one. Errors: as
 // checkpoint::ReadManifest, prefixed "spec.resume_from: ".
 absl::StatusOr<int64_t> RestoredStep(const v1::JobSpec& spec);

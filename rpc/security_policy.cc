@@ -101,7 +101,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
       {"/meshrun.v1.Coordinator/DrainWorker", Role::kAdmin},
-      // Worker: only the coordinator.
+      // Worker: the coordinator, but for FetchMemoryCheckpoint.
       {"/meshrun.v1.Worker/GetSupportedVersions", Role::kCoordinator},
       {"/meshrun.v1.Worker/LoadExecutable", Role::kCoordinator},
       {"/meshrun.v1.Worker/CompileProgram", Role::kCoordinator},
@@ -111,6 +111,9 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Worker/GetDeviceMemory", Role::kCoordinator},
       {"/meshrun.v1.Worker/CheckpointNow", Role::kCoordinator},
       {"/meshrun.v1.Worker/Drain", Role::kCoordinator},
+      // A restarted job's host fetching its state from a host of the ended run (any worker of
+      // the cluster may read what any can read from a job's checkpoint directory).
+      {"/meshrun.v1.Worker/FetchMemoryCheckpoint", Role::kWorker},
       // gRPC's own services.
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},

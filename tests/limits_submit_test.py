@@ -61,6 +61,9 @@ def main():
         cases.append((s, "is outside the directories this server reads"))
         s = spec(0); s.checkpoint.directory = "/etc"; s.checkpoint.every_steps = 1
         cases.append((s, "spec.checkpoint.directory \"/etc\" is outside"))
+        s = spec(0); s.checkpoint.directory = os.path.join(tmp, "state"); s.checkpoint.every_steps = 1
+        s.checkpoint.memory_every_steps = -1
+        cases.append((s, "spec.checkpoint.memory_every_steps is -1; it must be >= 0"))
         s = spec(0); s.resume_from = "/proc/self/environ"
         cases.append((s, "spec.resume_from \"/proc/self/environ\" is outside"))
         for s, text in cases:

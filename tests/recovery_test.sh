@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Automatic recovery (docs/checkpoints.md) through the real binaries on loopback: the
 # transformer LM across two host replicas (2 x 4 CPU devices, gradients averaged with gloo) on
-# seeded synthetic tokens, checkpointing every 30 steps. After step 70 one chunk of the newest
-# checkpoint (step 60) is truncated, and one worker is killed with SIGKILL and started again
-# under the same host name: the coordinator stops the survivor, waits for two healthy hosts and
-# restores step 60; the hosts find the truncated chunk, so it falls back to step 30 and goes on.
+# seeded synthetic tokens, checkpointing every 30 steps (no in-memory tier). After step 70 one
+# chunk of the newest checkpoint (step 60) is truncated, and one worker is killed with SIGKILL
+# and started again under the same host name: the coordinator stops the survivor, waits for two
+# healthy hosts and restores step 60; the hosts find the truncated chunk, so it falls back to
+# step 30 and goes on.
 # The job SUCCEEDS, its manifest records both attempts (the dead host and restored step 60; the
 # failed restore and step 30) and marks step 60 unrestorable, and its loss history holds one
 # value per step equal to an uninterrupted run's within 1e-6 relative (the re-run steps replace
@@ -13,7 +14,8 @@
 # goodput partitions its wall time (rerun steps, each run's failure tail, the restore). Then a preemption of another run of the job:
 # `meshrun checkpoint` commits a step both hosts save, and SIGTERM to one host makes both save
 # the step the coordinator picks and stop, so the restart loses 0 steps and the job SUCCEEDS with
-# the uninterrupted run's losses.
+# the uninterrupted run's losses. Last, the memory tier: a host killed with a spare registered,
+# the job restored from the hosts' in-memory checkpoints onto the survivor and the spare.
 # Usage: recovery_test.sh <directory of the binaries> <source directory>
 set -euo pipefail
 bin=$1
@@ -57,7 +59,7 @@ cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --follow --output=t
 export_loss "$(field job_id <"$tmp/plain.txt")" "$tmp/plain.csv"
 
 job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_dir="$tmp" \
-  --checkpoint_every=30)
+  --checkpoint_every=30 --memory_checkpoint_every=0)
 cli watch "$job" --since_step=1 >"$tmp/watch.txt" 2>&1 &
 pids+=($!)
 node "$src/tests/dashboard_rewind.mjs" "$src/web" "http://127.0.0.1:$http/" "$job" $steps \
@@ -137,4 +139,46 @@ print(f"preempted after step {run['last_step']}: committed on both hosts, 0 step
 PY
 export_loss "$job" "$tmp/preempted.csv"
 same_losses preempted || fail "the preempted run differs from the uninterrupted one"
+
+# In-memory checkpoints and a spare: a third host registers, one host of a job is killed with
+# SIGKILL and not started again; the job restarts at once on the survivor and the spare, both
+# restoring the newest in-memory step (the survivor its own copy, the spare one fetched from
+# it), well past the newest disk checkpoint (step 50), and SUCCEEDS with the uninterrupted run's
+# losses; the manifest says which tier it restored from and which host replaced which.
+start_worker host-c 2
+cli workers --expect=3 --wait=30s >/dev/null || fail "host-c did not register"
+mkdir "$tmp/memory"
+job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_dir="$tmp/memory" \
+  --checkpoint_every=50)
+cli watch "$job" --since_step=1 >"$tmp/watch3.txt" 2>&1 &
+pids+=($!)
+wait_for "$tmp/watch3.txt" "^ *73 " || fail "the memory-tier job did not reach step 73"
+victim=$(cli --output=textproto get "$job" | sed -n 's/^ *replica_hosts: "\(.*\)"/\1/p' | tail -1)
+[ -n "$victim" ] || fail "no replica host in the manifest"
+killed_at=$(date +%s.%N)
+kill -9 "${worker_pid[$victim]}"
+for _ in $(seq 600); do
+  grep -A1 "^-- run 2" "$tmp/watch3.txt" | grep -q "^ *[0-9]" && break
+  sleep 0.05
+done
+resumed_at=$(date +%s.%N)
+grep -A1 "^-- run 2" "$tmp/watch3.txt" | grep -q "^ *[0-9]" || fail "the job did not go on: $(tail -3 "$tmp/watch3.txt")"
+await_job "$job" "state: JOB_STATE_\(SUCCEEDED\|FAILED\|CANCELLED\)" 1200 || true
+cli get "$job" --output=json >"$tmp/memory.json"
+"$src/.venv/bin/python" - "$tmp/memory.json" "$victim" "$killed_at" "$resumed_at" <<'PY' || fail "the memory-tier restart: $(cat "$tmp/memory.json")"
+import json, sys
+job = json.load(open(sys.argv[1]))
+victim, killed_at, resumed_at = sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+assert job["state"] == "JOB_STATE_SUCCEEDED", (job["state"], job.get("error"))
+run = job["attempts"][0]
+restored, last = int(run["restored_step"]), int(run["last_step"])
+assert run["restored_from"] == "memory" and restored >= 70 and restored % 10 == 0, run
+assert last - restored < 10 and run["host"] == victim, run
+spare = ({"host-a", "host-b", "host-c"} - set(run["hosts"])).pop()
+assert run["replaced_hosts"] == {victim: spare}, run
+print(f"memory tier: {victim} killed at step {last}, restarted from in-memory step {restored} "
+      f"on {spare}; {resumed_at - killed_at:.1f} s from the kill to the next run's first step")
+PY
+export_loss "$job" "$tmp/memory.csv"
+same_losses memory || fail "the run restored from memory differs from the uninterrupted one"
 echo "recovery_test: all checks passed"

@@ -131,6 +131,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Worker/GetDeviceMemory", Role::kCoordinator},
       {"/meshrun.v1.Worker/CheckpointNow", Role::kCoordinator},
       {"/meshrun.v1.Worker/Drain", Role::kCoordinator},
+      {"/meshrun.v1.Worker/FetchMemoryCheckpoint", Role::kWorker},
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},
       {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Role::kView},

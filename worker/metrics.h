@@ -39,6 +39,8 @@ inline constexpr char kCheckpointBlockingTime[] = "CheckpointBlockingTime";  // 
 inline constexpr char kCheckpointWriteTime[] = "CheckpointWriteTime";  // timer (writer thread)
 inline constexpr char kCheckpointBytes[] = "CheckpointBytes";  // bytes written; count = checkpoints
 inline constexpr char kCheckpointFailures[] = "CheckpointFailures";  // counter
+inline constexpr char kMemoryCheckpointTime[] = "MemoryCheckpointTime";  // timer (loop waits)
+inline constexpr char kMemoryCheckpointBytes[] = "MemoryCheckpointBytes";  // bytes held; count = copies
 inline constexpr char kSteps[] = "Steps";                        // counter
 inline constexpr char kTelemetryReads[] = "TelemetryReads";      // counter (one per logging step)
 inline constexpr char kCacheHits[] = "CacheHits";                // counter (executable cache)

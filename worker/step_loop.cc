@@ -286,7 +286,7 @@ absl::Status StepLoop::RunSteps() {
     // Step s is waited for before the next launch only when its state must be exactly step
     // s's (a checkpoint, the end); a logging step's telemetry is read after step s+1 launched.
     const AfterStep after = DecideAfterStep(s);
-    const bool drain = after.checkpoint || after.stop || s == steps ||
+    const bool drain = after.checkpoint || after.memory || after.stop || s == steps ||
                        (telemetry_reads_state_ && cadence_.IsLoggingStep(s));
     if (drain) RETURN_IF_ERROR(CompleteStep(current));
     for (size_t d = 0; d < devices_.size(); ++d) {
@@ -320,6 +320,8 @@ StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
   const bool at_target = checkpoint_at_ == s;
   AfterStep after{
       .checkpoint = config_.checkpoint && (scheduled || checkpoint_requested_ || at_target),
+      .memory = config_.memory_checkpoint && config_.memory_checkpoint_every > 0 &&
+                s % config_.memory_checkpoint_every == 0 && s != config_.spec.steps,
       .stop = stop_after_checkpoint_ || (at_target && stop_at_target_)};
   checkpoint_requested_ = false;
   if (at_target) checkpoint_at_ = 0;
@@ -327,8 +329,13 @@ StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
 }
 
 void StepLoop::FinishStep(int64_t s, AfterStep after) {
+  const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
+  if (after.memory) {
+    const absl::Time start = config_.clock->Now();
+    config_.memory_checkpoint(s, state_, partitions_, s * micro);
+    metrics_->AddTime(kMemoryCheckpointTime, config_.clock->Now() - start);
+  }
   if (after.checkpoint) {
-    const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
     const absl::Time start = config_.clock->Now();
     config_.checkpoint(s, state_, partitions_, s * micro);
     metrics_->AddTime(kCheckpointBlockingTime, config_.clock->Now() - start);

@@ -206,6 +206,10 @@ class StepLoop {
     CheckpointHook checkpoint;      // may be empty: no checkpoints
     // A checkpoint after every N-th step and after the last one; 0 = only when requested.
     int64_t checkpoint_every = 0;
+    // In-memory checkpoints (worker/memory_checkpoints.h): after every N-th step but the last,
+    // before `checkpoint` on a step that has both; 0 or an empty hook = none.
+    CheckpointHook memory_checkpoint;
+    int64_t memory_checkpoint_every = 0;
     RunSpec spec;
     std::unique_ptr<BatchSource> batches;
     SummarySink sink;       // may be empty
@@ -277,6 +281,7 @@ class StepLoop {
   // What follows step `s`: its checkpoint, and the stop after it.
   struct AfterStep {
     bool checkpoint = false;  // run the checkpoint hook on step s's state
+    bool memory = false;      // run the memory checkpoint hook on it
     bool stop = false;        // then end the loop cancelled
   };
   // Decides, once per step and for good, what follows step `s` (consuming a RequestCheckpoint,

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "worker/memory_checkpoints.h"
 #include "worker/metrics.h"
 #include "runtime/backends.h"
 #include "runtime/compile_options.h"
@@ -411,6 +412,99 @@ TEST_F(StepLoopTest, CheckpointAtATargetStepThenStop) {
   EXPECT_TRUE(absl::IsInvalidArgument(answers[1])) << answers[1];
   EXPECT_TRUE(absl::IsInvalidArgument(answers[2])) << answers[2];
   EXPECT_TRUE(answers[3].ok() && answers[4].ok()) << answers[3] << answers[4];
+}
+
+// In-memory checkpoints (worker/memory_checkpoints.h): taken every 10th step but the last, each
+// block once, and a run restored from one computes the same losses as the run that took it.
+TEST_F(StepLoopTest, ARunRestoredFromAMemoryCheckpointRepeatsTheLossesExactly) {
+  const CompiledJob& job = Job("mlp_classifier/dp4_tp2");
+  ASSERT_NE(job.step, nullptr);
+  StateLayout layout{.mesh_axes = job.job.mesh_axes, .mesh_shape = job.job.mesh_shape};
+  int64_t distinct_bytes = 0;  // each array's distinct blocks: tp-split arrays count whole
+  for (int i = 0; i < job.job.num_state; ++i) {
+    const runtime::ExampleArray& input = job.job.step.inputs[i];
+    v1::TensorSpec& spec = layout.state.emplace_back();
+    spec.set_name(input.global.name);
+    spec.set_dtype(std::string(runtime::DTypeName(input.global.shape.dtype)));
+    for (int64_t n : input.global.shape.dims) spec.add_shape(n);
+    for (const std::string& axis : input.sharding) spec.add_sharding(axis);
+    distinct_bytes += input.global.shape.ByteSize();
+  }
+  MemoryCheckpointStore store;
+  std::vector<int64_t> taken;
+  auto run = [&](int64_t restore_step, Collected& collected) {
+    StepLoop::Config config =
+        LoopConfig(runtime_, job, SpecFor(job.job, 30, 1),
+                   std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
+    config.memory_checkpoint_every = 10;
+    config.memory_checkpoint = [&](int64_t step, const StepLoop::DeviceBuffers& state,
+                                   const std::vector<int64_t>& partitions, int64_t position) {
+      auto snapshot = TakeSnapshot(*runtime_, layout, "j", step, position, state, partitions,
+                                   nullptr);
+      ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+      taken.push_back(step);
+      store.Put(*std::move(snapshot));
+    };
+    if (restore_step > 0) {
+      std::shared_ptr<const MemorySnapshot> snapshot = store.Get("j", restore_step);
+      EXPECT_NE(snapshot, nullptr);
+      EXPECT_TRUE(config.batches->Skip(snapshot->data_position).ok());
+      config.spec.first_step = restore_step + 1;
+      config.restore_state = [&, snapshot](const std::vector<int>& devices,
+                                           const std::vector<int64_t>& partitions) {
+        return RestoreSnapshot(*runtime_, layout, *snapshot, devices, partitions, nullptr);
+      };
+    }
+    auto loop = StepLoop::Create(std::move(config));
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    ASSERT_TRUE((*loop)->Start().ok());
+    EXPECT_EQ((*loop)->Wait().outcome, LoopOutcome::kSucceeded);
+    (*loop)->Stop();
+  };
+  Collected first, restored;
+  run(0, first);
+  EXPECT_EQ(taken, (std::vector<int64_t>{10, 20}));  // not after the last step
+  ASSERT_NE(store.Get("j", 20), nullptr);
+  EXPECT_EQ(store.Get("j", 20)->data_position, 20);
+  EXPECT_EQ(store.Get("j", 20)->Bytes(), distinct_bytes);  // 8 devices, each block once
+  run(10, restored);  // takes 20 again: the old run's 20 is dropped, 10 kept
+  EXPECT_EQ(taken, (std::vector<int64_t>{10, 20, 20}));
+  absl::MutexLock a(&first.mu), b(&restored.mu);
+  ASSERT_EQ(first.summaries.size(), 30u);
+  ASSERT_EQ(restored.summaries.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(restored.summaries[i].step, first.summaries[i + 10].step);
+    EXPECT_EQ(restored.summaries[i].values[0].values, first.summaries[i + 10].values[0].values)
+        << "step " << restored.summaries[i].step;
+  }
+  // A snapshot of another mesh does not restore: the block it needs is named.
+  StateLayout other = layout;
+  other.mesh_shape = {8, 1};
+  auto refused = RestoreSnapshot(*runtime_, other, *store.Get("j", 20), {0}, {0}, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+}
+
+TEST(MemoryCheckpointStore, KeepsTheNewestTwoOfTheLastJob) {
+  MemoryCheckpointStore store;
+  auto snapshot = [](const std::string& job, int64_t step) {
+    auto s = std::make_shared<MemorySnapshot>();
+    s->job_id = job;
+    s->step = step;
+    s->blocks["w"]["0"] = runtime::HostArray{{runtime::DType::kF32, {2}}, std::string(8, 'x')};
+    return s;
+  };
+  for (int64_t step : {10, 20, 30}) store.Put(snapshot("a", step));
+  EXPECT_EQ(store.Get("a", 10), nullptr);
+  ASSERT_NE(store.Get("a", 30), nullptr);
+  EXPECT_EQ(store.Held().front()->step, 30);
+  EXPECT_EQ(store.Bytes(), 16);
+  store.Put(snapshot("a", 20));  // a restarted run: 30 was the ended run's, 10 is gone
+  EXPECT_EQ(store.Get("a", 30), nullptr);
+  EXPECT_NE(store.Get("a", 20), nullptr);
+  store.Put(snapshot("b", 10));  // another job: the last one's copies go
+  EXPECT_EQ(store.Held().size(), 1u);
+  store.Drop("b");
+  EXPECT_EQ(store.Bytes(), 0);
 }
 
 TEST_F(StepLoopTest, StopFromAnotherThreadEndsARunningLoop) {

@@ -9,10 +9,16 @@
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "jobspec/job_validation.h"
 #include "rpc/server_support.h"
+#include "worker_service/memory_checkpoint_transfer.h"
 
 namespace meshrun::services {
 namespace {
+
+// A restarted host fetching the state from a holder: generous for a large state, bounded so a
+// holder that stopped answering fails the restore (the next restart reads the disk tier).
+constexpr absl::Duration kFetchTimeout = absl::Seconds(120);
 
 // Delivers a host's report, retrying briefly (with backoff while the coordinator is busy): the
 // commit waits for every host's.
@@ -46,7 +52,28 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
   const std::vector<std::string> axes(manifest.mesh().axis_names().begin(),
                                       manifest.mesh().axis_names().end());
   const std::vector<int64_t> shape(manifest.mesh().shape().begin(), manifest.mesh().shape().end());
-  if (!spec.resume_from().empty()) {
+  const worker::StateLayout layout{.state = state, .mesh_axes = axes, .mesh_shape = shape};
+  const v1::MemoryRestore& memory = manifest.memory_restore();
+  if (memory.step() > 0 && context.memory != nullptr) {
+    RETURN_IF_ERROR(loop.batches->Skip(memory.data_position()));
+    loop.spec.first_step = memory.step() + 1;
+    loop.restore_state = [runtime = context.runtime, store = context.memory, layout, memory,
+                          job_id = manifest.job_id(), host = context.host,
+                          metrics = context.metrics](const std::vector<int>& devices,
+                                                     const std::vector<int64_t>& partitions)
+        -> absl::StatusOr<worker::StepLoop::DeviceBuffers> {
+      std::shared_ptr<const worker::MemorySnapshot> snapshot = store->Get(job_id, memory.step());
+      if (snapshot == nullptr) {
+        ASSIGN_OR_RETURN(std::shared_ptr<worker::MemorySnapshot> fetched,
+                         FetchMemoryCheckpoint(memory, job_id, host, kFetchTimeout));
+        store->Put(fetched);  // this host can serve it too from now on
+        snapshot = std::move(fetched);
+      }
+      return worker::RestoreSnapshot(*runtime, layout, *snapshot, devices, partitions, metrics);
+    };
+    spdlog::info("job {}: restarting after step {} from in-memory checkpoints",
+                 manifest.job_id(), memory.step());
+  } else if (!spec.resume_from().empty()) {
     ASSIGN_OR_RETURN(v1::CheckpointManifest checkpoint,
                      checkpoint::ReadManifest(spec.resume_from()));
     RETURN_IF_ERROR(loop.batches->Skip(checkpoint.data_position()));
@@ -60,6 +87,24 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
                  spec.resume_from());
   }
   if (!spec.has_checkpoint()) return std::shared_ptr<worker::CheckpointSaver>();
+  const int64_t memory_every = jobspec::MemoryCheckpointEvery(spec.checkpoint());
+  if (memory_every > 0 && context.memory != nullptr) {
+    loop.memory_checkpoint_every = memory_every;
+    loop.memory_checkpoint = [runtime = context.runtime, store = context.memory, layout,
+                              job_id = manifest.job_id(), metrics = context.metrics](
+                                 int64_t step, const worker::StepLoop::DeviceBuffers& state,
+                                 const std::vector<int64_t>& partitions, int64_t data_position) {
+      absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> snapshot = worker::TakeSnapshot(
+          *runtime, layout, job_id, step, data_position, state, partitions, metrics);
+      if (!snapshot.ok()) {  // the disk tier still holds: the job goes on
+        spdlog::warn("job {}: in-memory checkpoint of step {}: {}", job_id, step,
+                     snapshot.status().ToString());
+        return;
+      }
+      if (metrics != nullptr) metrics->AddBytes(worker::kMemoryCheckpointBytes, (*snapshot)->Bytes());
+      store->Put(*std::move(snapshot));
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<worker::CheckpointSaver> saver,
                    worker::CheckpointSaver::Create(
                        {.runtime = context.runtime,

@@ -1,6 +1,6 @@
 // The worker service's checkpoint glue (docs/checkpoints.md): from a job's manifest, the
-// CheckpointSaver that writes this host's shards and reports them to the coordinator, and the
-// resume from `spec.resume_from` (the state read from the checkpoint, the batch source moved
+// CheckpointSaver that writes this host's shards and reports them to the coordinator, the
+// in-memory checkpoints, and the resume from memory or `spec.resume_from` (the state read from the checkpoint, the batch source moved
 // to where the checkpoint's run left it, the loop starting after the checkpoint's step).
 //
 // Thread-safety: call from one thread (StartJob). Lifetime: the returned saver borrows the
@@ -14,6 +14,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/job.pb.h"
 #include "worker/checkpointing.h"
+#include "worker/memory_checkpoints.h"
 #include "worker/step_loop.h"
 
 namespace meshrun::services {
@@ -27,10 +28,13 @@ struct JobCheckpointContext {
   runtime::Runtime* runtime = nullptr;
   worker::Metrics* metrics = nullptr;
   v1::Coordinator::Stub* coordinator = nullptr;
+  worker::MemoryCheckpointStore* memory = nullptr;  // this worker's in-memory checkpoints
 };
 
-// Fills `loop`'s checkpoint hook and, for a resumed job, its restore_state and
-// spec.first_step, and skips `loop.batches` ahead. Returns the saver (null without a
+// Fills `loop`'s checkpoint hooks (disk, and memory into context.memory) and, for a resumed or
+// restarted job, its restore_state and spec.first_step, and skips `loop.batches` ahead: from
+// the manifest's memory_restore when set (this host's own copy, else one fetched from a
+// holder), else from spec.resume_from. Returns the saver (null without a
 // checkpoint policy), which must outlive the loop.
 // Errors: FAILED_PRECONDITION (resume_from not a committed checkpoint), the batch source's.
 absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(

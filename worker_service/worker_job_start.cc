@@ -419,10 +419,13 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                                          .writes = replica.index == 0,
                                          .runtime = runtime_.get(),
                                          .metrics = &metrics_,
-                                         .coordinator = coordinator_.get()},
+                                         .coordinator = coordinator_.get(),
+                                         .memory = &memory_checkpoints_},
                                         loop_config));
   // A job's checkpoints are committed before its outcome is reported.
   loop_config.on_done = [this, job_id, attempt, saver](const worker::LoopResult& result) {
+    // A job that ended here needs no restart's copy of its state (a failed one may).
+    if (result.outcome == worker::LoopOutcome::kSucceeded) memory_checkpoints_.Drop(job_id);
     reporters_.Run([this, job_id, attempt, result, saver] {
       if (saver != nullptr) saver->Flush();
       ReportOutcome(job_id, attempt, result);

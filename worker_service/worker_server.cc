@@ -15,6 +15,7 @@
 #include "runtime/compile_options.h"
 #include "runtime/runtime_setup.h"
 #include "worker_service/coordinator_kv_client.h"
+#include "worker_service/memory_checkpoint_transfer.h"
 #include "worker_service/worker_checkpoints.h"
 
 namespace meshrun::services {
@@ -74,6 +75,11 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
       owner_->config_.on_drain_request();
       return absl::OkStatus();
     });
+  }
+  grpc::ServerWriteReactor<v1::MemoryCheckpointPiece>* FetchMemoryCheckpoint(
+      grpc::CallbackServerContext*, const v1::FetchMemoryCheckpointRequest* request) override {
+    return ServeMemoryCheckpoint(
+        owner_->memory_checkpoints_.Get(request->job_id(), request->step()), *request);
   }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
@@ -517,6 +523,13 @@ void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {
       report->set_running_job_id(job_->job_id);
       report->set_current_step(job_->loop->last_completed_step());
     }
+  }
+  for (const auto& snapshot : memory_checkpoints_.Held()) {
+    v1::MemoryCheckpointHeld* held = report->add_memory_checkpoints();
+    held->set_job_id(snapshot->job_id);
+    held->set_step(snapshot->step);
+    held->set_data_position(snapshot->data_position);
+    held->set_bytes(snapshot->Bytes());
   }
   for (const worker::MetricValue& m : metrics_.Snapshot()) {
     v1::Metric* metric = report->add_metrics();

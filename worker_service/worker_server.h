@@ -35,6 +35,7 @@
 #include "worker/checkpointing.h"
 #include "worker/executable_store.h"
 #include "worker/host_identity.h"
+#include "worker/memory_checkpoints.h"
 #include "worker/metrics.h"
 #include "runtime/kv_client.h"
 #include "runtime/runtime.h"
@@ -149,6 +150,8 @@ class WorkerServer {
   std::unique_ptr<IdleWatchdog> idle_uploads_;  // outlives server_'s reactors
   worker::Metrics metrics_;
   worker::sparse::PlanCache plans_;  // one PlanBuilder per sparse-attention contract
+  // The last job's in-memory checkpoints: kept across its runs (a restart restores them).
+  worker::MemoryCheckpointStore memory_checkpoints_;
   std::unique_ptr<TelemetryUploader> uploader_;
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);

@@ -110,11 +110,13 @@ def is_array_file(path):
 
 def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas=0, *,
                          checkpoint_dir=None, checkpoint_every=100, keep_checkpoints=3,
-                         resume_from=None, max_restarts=None, get_job=None):
+                         resume_from=None, max_restarts=None, get_job=None,
+                         memory_checkpoint_every=None):
     """bundle: a directory holding job.json, or the job.json path.
     data: None keeps the bundle's own batches; "synthetic"; an array-batch file
     (meshrun.data.write_arrays: the step's batch inputs); or a token shard glob.
-    checkpoint_dir, checkpoint_every, keep_checkpoints, resume_from, max_restarts, get_job:
+    checkpoint_dir, checkpoint_every, keep_checkpoints, resume_from, max_restarts, get_job,
+    memory_checkpoint_every:
     meshrun.checkpoints.apply_checkpoint_options (docs/checkpoints.md)."""
     if steps < 1 or cadence < 1:
         raise BundleError("steps and cadence must be >= 1")
@@ -172,4 +174,4 @@ def job_spec_from_bundle(bundle, steps=100, cadence=10, data=None, host_replicas
     return apply_checkpoint_options(
         spec, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, resume_from=resume_from, max_restarts=max_restarts,
-        get_job=get_job)
+        get_job=get_job, memory_checkpoint_every=memory_checkpoint_every)

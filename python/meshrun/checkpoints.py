@@ -60,11 +60,13 @@ def resolve_checkpoint(path):
 
 def apply_checkpoint_options(spec, *, checkpoint_dir=None, checkpoint_every=100,
                              keep_checkpoints=3, resume_from=None, max_restarts=None,
-                             get_job=None):
+                             get_job=None, memory_checkpoint_every=None):
     """Sets spec.checkpoint, spec.resume_from and spec.max_restarts in place.
     resume_from: a committed step directory, a checkpoint directory (its newest committed step)
     or a job id, looked up with get_job(job_id) -> JobManifest (its newest committed checkpoint
-    this machine sees). max_restarts: None = the coordinator's default (3 with checkpoints)."""
+    this machine sees). max_restarts: None = the coordinator's default (3 with checkpoints).
+    memory_checkpoint_every: each host also keeps its state in memory after every N-th step, for
+    restarts (0 = never); None = the default (10)."""
     if checkpoint_dir is not None:
         checkpoint_dir = os.fspath(checkpoint_dir)
         if not os.path.isdir(checkpoint_dir):
@@ -77,6 +79,10 @@ def apply_checkpoint_options(spec, *, checkpoint_dir=None, checkpoint_every=100,
         spec.checkpoint.directory = os.path.normpath(os.path.abspath(checkpoint_dir))
         spec.checkpoint.every_steps = checkpoint_every
         spec.checkpoint.keep_last = keep_checkpoints
+        if memory_checkpoint_every is not None:
+            if memory_checkpoint_every < 0:
+                raise BundleError("memory_checkpoint_every must be >= 0 (0 = never)")
+            spec.checkpoint.memory_every_steps = memory_checkpoint_every
     if max_restarts is not None:
         if max_restarts < 0:
             raise BundleError("max_restarts must be >= 0 (0 never restarts)")

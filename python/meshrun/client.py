@@ -74,7 +74,7 @@ class Client:
     # ------------------------------------------------------------------ jobs
     def submit(self, job, *, steps=100, cadence=10, data=None, host_replicas=0,
                checkpoint_dir=None, checkpoint_every=100, keep_checkpoints=3, resume_from=None,
-               max_restarts=None, on_nonfinite="fail"):
+               max_restarts=None, on_nonfinite="fail", memory_checkpoint_every=None):
         """job: a bundle directory (or its job.json) or a meshrun.v1.job_pb2.JobSpec.
         Returns the job id. data: None = the bundle's batches, "synthetic", an array-batch
         file (meshrun.data.write_arrays: the step's batch inputs), or a token shard glob.
@@ -83,7 +83,9 @@ class Client:
         `checkpoint_every`-th step and the last, the newest `keep_checkpoints` kept (0 = all);
         resume_from: a committed step directory, a checkpoint directory (its newest step) or a
         job id (its newest committed checkpoint); max_restarts: automatic restarts from the last
-        checkpoint (None = the coordinator's default, 0 = never). on_nonfinite: what a logging
+        checkpoint (None = the coordinator's default, 0 = never); memory_checkpoint_every: each
+        host also keeps its state in memory every N-th step for restarts (None = 10, 0 = never).
+        on_nonfinite: what a logging
         step whose loss, grad norm or other scalar series is NaN or infinite does: "fail" (the
         job ends FAILED naming the step and series; checkpoints kept), "warn" or "ignore".
         A JobSpec gets these options on a copy; steps, cadence, data and host_replicas apply
@@ -94,7 +96,8 @@ class Client:
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is not one of {sorted(_NONFINITE)}")
         options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                        keep_checkpoints=keep_checkpoints, resume_from=resume_from,
-                       max_restarts=max_restarts, get_job=self._job_to_resume)
+                       max_restarts=max_restarts, get_job=self._job_to_resume,
+                       memory_checkpoint_every=memory_checkpoint_every)
         if isinstance(job, job_pb2.JobSpec):
             spec = job_pb2.JobSpec()
             spec.CopyFrom(job)

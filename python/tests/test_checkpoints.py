@@ -72,6 +72,14 @@ def test_save_and_resume_trains_like_jax(tmp_path, cluster):
         client.submit(str(bundle), checkpoint_dir=tmp_path / "absent")
     with pytest.raises(meshrun.BundleError, match="checkpoint_every must be >= 1"):
         client.submit(str(bundle), checkpoint_dir=ck, checkpoint_every=0)
+    # In-memory checkpoints: 10 unless set (docs/checkpoints.md, "Memory tier"); 0 turns off.
+    spec = meshrun.job_spec_from_bundle(str(bundle), checkpoint_dir=str(ck))
+    assert not spec.checkpoint.HasField("memory_every_steps")
+    off = meshrun.job_spec_from_bundle(str(bundle), checkpoint_dir=str(ck),
+                                       memory_checkpoint_every=0)
+    assert off.checkpoint.HasField("memory_every_steps") and off.checkpoint.memory_every_steps == 0
+    with pytest.raises(meshrun.BundleError, match="memory_checkpoint_every must be >= 0"):
+        client.submit(str(bundle), checkpoint_dir=ck, memory_checkpoint_every=-1)
 
 
 def test_checkpoint_now_on_a_running_job(tmp_path, cluster):
