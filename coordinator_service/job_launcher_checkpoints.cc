@@ -233,8 +233,14 @@ std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::J
                                status.memory_checkpoints().end());
     }
   });
-  return coordinator::PickMemoryRestore(job.job_id(), run_hosts, survivors,
-                                        job.mesh().replica_hosts_size() > 1, at_least);
+  std::optional<v1::MemoryRestore> picked = coordinator::PickMemoryRestore(
+      job.job_id(), run_hosts, survivors, job.mesh().replica_hosts_size() > 1, at_least);
+  if (!picked.has_value()) {  // the restart reads the disk tier: say why
+    spdlog::info("job {}: no in-memory checkpoint at or past step {} covers the run's {} hosts "
+                 "({} survive); restoring from disk",
+                 job.job_id(), at_least, run_hosts.size(), alive.size());
+  }
+  return picked;
 }
 
 void JobLauncher::GiveUpRestart(const v1::JobManifest& job, const absl::Status& why) {
