@@ -133,10 +133,11 @@ struct Bench {
                                     .batches = std::make_unique<CyclingBatches>(job)};
     if (memory_every > 0) {
       config.memory_checkpoint_every = memory_every;
-      config.memory_checkpoint = [this](int64_t s, const worker::StepLoop::DeviceBuffers& state,
-                                        const std::vector<int64_t>& partitions, int64_t position) {
-        const worker::StateLayout layout{.state = StateSpecs(job), .mesh_axes = job.mesh_axes,
-                                         .mesh_shape = job.mesh_shape};
+      config.memory_checkpoint = [this, layout = worker::StateLayout{
+                                            .state = StateSpecs(job), .mesh_axes = job.mesh_axes,
+                                            .mesh_shape = job.mesh_shape}](
+                                     int64_t s, const worker::StepLoop::DeviceBuffers& state,
+                                     const std::vector<int64_t>& partitions, int64_t position) {
         auto snapshot = worker::TakeSnapshot(*runtime, layout, "bench", s, position, state,
                                              partitions, nullptr);
         if (snapshot.ok()) memory.Put(*std::move(snapshot));

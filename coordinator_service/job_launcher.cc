@@ -266,15 +266,20 @@ absl::Status JobLauncher::Cancel(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-void JobLauncher::StopWorkers(const v1::JobManifest& job) {
-  std::vector<coordinator::WorkerInfo> running;
+std::vector<WorkerInfo> JobLauncher::LiveMembers(const v1::JobManifest& job) {
+  std::vector<WorkerInfo> live;
   for (const WorkerEntry& entry : config_.registry->List()) {
     auto it = job.host_incarnations().find(entry.info.host);
     if (it != job.host_incarnations().end() && it->second == entry.info.incarnation &&
         entry.state == coordinator::WorkerState::kAlive) {
-      running.push_back(entry.info);
+      live.push_back(entry.info);
     }
   }
+  return live;
+}
+
+void JobLauncher::StopWorkers(const v1::JobManifest& job) {
+  const std::vector<WorkerInfo> running = LiveMembers(job);
   // Every host at once, so one hung worker costs the stop its 5 s deadline, not 5 s per host.
   RunConcurrently(running.size(), [&](size_t i) {
     v1::StopJobRequest request;

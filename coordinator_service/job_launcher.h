@@ -173,6 +173,8 @@ class JobLauncher {
                                               const std::string& compile_options);
   // Asks every live worker of `job` to stop it, all at once, each within 5 s; logs failures.
   void StopWorkers(const v1::JobManifest& job);
+  // The job's hosts that are alive as the incarnation the job runs on, in registry order.
+  std::vector<coordinator::WorkerInfo> LiveMembers(const v1::JobManifest& job);
   // The first of the job's workers other than `except` that does not answer (1 s) as the
   // incarnation the job runs on; "" when all do.
   std::string UnreachableHost(const v1::JobManifest& job, const std::string& except);

@@ -19,7 +19,6 @@
 #include "rpc/server_support.h"
 
 namespace meshrun::services {
-using coordinator::WorkerEntry;
 using coordinator::WorkerInfo;
 
 absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bool then_stop) {
@@ -211,14 +210,8 @@ std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::J
   }
   std::vector<std::string> run_hosts;
   for (const auto& [member, incarnation] : job.host_incarnations()) run_hosts.push_back(member);
-  std::vector<WorkerInfo> alive;
-  for (const WorkerEntry& entry : config_.registry->List()) {
-    auto it = job.host_incarnations().find(entry.info.host);
-    if (it != job.host_incarnations().end() && entry.info.host != lost &&
-        it->second == entry.info.incarnation && entry.state == coordinator::WorkerState::kAlive) {
-      alive.push_back(entry.info);
-    }
-  }
+  std::vector<WorkerInfo> alive = LiveMembers(job);
+  std::erase_if(alive, [&](const WorkerInfo& host) { return host.host == lost; });
   std::vector<coordinator::SurvivingHost> survivors(alive.size());
   RunConcurrently(alive.size(), [&](size_t i) {
     survivors[i].host = alive[i].host;
