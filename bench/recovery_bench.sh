@@ -2,7 +2,7 @@
 # Recovery time after a lost host (docs/checkpoints.md, "Memory tier"), through the real
 # binaries on loopback: transformer_lm/dp4x2 on two host replicas of 4 CPU devices, disk
 # checkpoints every 50 steps, host-b killed (-9) after step 73.
-#   memory: in-memory checkpoints every 10 steps (the default) and a spare (host-c) registered;
+#   memory: in-memory checkpoints every 10 steps (the default) and a spare (host-c, --spare);
 #           the job restarts at once on host-a and host-c from the in-memory step 70.
 #   cold:   no in-memory checkpoints, no spare, host-b started again 1 s after the kill (the
 #           way recovery was measured before the memory tier); it restarts from disk step 50.
@@ -16,17 +16,8 @@ set -euo pipefail
 bin=$1
 src=$2
 rounds=${3:-3}
-source "$src/tests/cluster_lib.sh"
-lm="$src/examples/transformer_lm/dp4x2/job.json"
+source "$src/bench/cluster_rounds_lib.sh"
 now() { date +%s.%N; }
-track() { echo "$1" >>"$tmp/round_pids"; }
-trap 'for p in $(cat "$tmp/round_pids" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done; cleanup' EXIT
-start_worker() {  # dir, host, index; prints the pid
-  "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" \
-    --host="$2" --worker_index="$3" --cpu_devices=4 --state_dir="$1/$2" >>"$1/$2.log" 2>&1 &
-  track $!
-  echo $!
-}
 # Seconds since the kill at which the coordinator's log (UTC "<date>THH:MM:SS.mmmZ") last said $2.
 logged_at() {
   local at
@@ -47,7 +38,7 @@ round() {
   pid_of[host-b]=$(start_worker "$dir" host-b 1)
   cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"
   if [ "$mode" = memory ]; then
-    pid_of[host-c]=$(start_worker "$dir" host-c 2)
+    pid_of[host-c]=$(start_worker "$dir" host-c 2 --spare)
     cli workers --expect=3 --wait=30s >/dev/null || fail "the spare did not register"
   else
     flags=--memory_checkpoint_every=0
@@ -58,7 +49,7 @@ round() {
   cli watch "$job" --since_step=1 >"$dir/watch.txt" 2>&1 &
   track $!
   wait_for "$dir/watch.txt" "^ *73 " || fail "no step 73"
-  # The job's second replica is the one to lose (with a spare, the job may have taken host-c).
+  # The job's second replica is the one to lose.
   victim=$(cli --output=textproto get "$job" | sed -n 's/^ *replica_hosts: "\(.*\)"/\1/p' | tail -1)
   local t0 first new reached
   t0=$(now)
@@ -84,8 +75,7 @@ round() {
   echo "$first $new failure reported $(logged_at "$dir" "reports FAILED"), RESTARTING $(logged_at "$dir" "RESTARTING"), ASSIGNED $(logged_at "$dir" "ASSIGNED")"
   [ -n "${KEEP_LOGS:-}" ] && cp -r "$dir" "$KEEP_LOGS.$mode"
   cli cancel "$job" >/dev/null 2>&1 || true
-  for p in $(cat "$tmp/round_pids"); do kill -9 "$p" 2>/dev/null || true; done
-  : >"$tmp/round_pids"
+  end_round
 }
 declare -A firsts news
 for mode in memory cold; do

@@ -150,6 +150,7 @@ int Workers() {
     if (!w.state_reason().empty()) notes.push_back(w.state_reason());
     if (!w.exclusion_reason().empty()) notes.push_back("excluded: " + w.exclusion_reason());
     if (reg.insecure()) notes.push_back("PLAINTEXT beyond loopback (--insecure)");
+    if (reg.spare()) notes.push_back("spare");
     const std::string note = absl::StrJoin(notes, "; ");
     std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
                 StateName(w.state()).c_str(), reg.address().c_str(),

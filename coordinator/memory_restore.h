@@ -3,8 +3,9 @@
 // position, and the hosts that hold it.
 //
 // Host replicas hold the same state on every host, so any survivor's copy covers a lost
-// replica's place. Hosts of one SPMD program hold different shards: their step counts only when
-// every host of the run survives.
+// replica's place. Hosts of one SPMD program hold different shards, and each keeps a copy of
+// its ring predecessor's: a step counts when a survivor holds every host's blocks, its own or
+// that copy (so losing one host loses nothing; two neighbours, the disk tier).
 //
 // Thread-safety: a pure function.
 #pragma once
@@ -26,11 +27,12 @@ struct SurvivingHost {
   std::vector<v1::MemoryCheckpointHeld> held;  // any job's: only `job_id`'s count
 };
 
-// The newest step of `job_id` at or past `at_least` that the survivors cover for a run on
+// The newest step of `job_id` in [at_least, at_most] that the survivors cover for a run on
 // `run_hosts` (host replicas when `replicas`); nullopt when none does.
 std::optional<v1::MemoryRestore> PickMemoryRestore(const std::string& job_id,
                                                    const std::vector<std::string>& run_hosts,
                                                    const std::vector<SurvivingHost>& survivors,
-                                                   bool replicas, int64_t at_least);
+                                                   bool replicas, int64_t at_least,
+                                                   int64_t at_most = INT64_MAX);
 
 }  // namespace meshrun::coordinator

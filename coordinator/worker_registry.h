@@ -41,6 +41,8 @@ struct WorkerInfo {
   std::vector<runtime::DeviceDescription> devices;
   std::vector<std::string> executable_fingerprints;
   bool insecure = false;  // the worker serves plaintext beyond loopback (--insecure)
+  bool spare = false;     // kept for restarts (--spare): not in a job's first placement
+  int64_t host_memory_bytes = 0;  // for in-memory checkpoints; 0: unknown
 };
 
 enum class WorkerState { kAlive, kDead, kLeft };

@@ -12,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "jobspec/job_validation.h"
+#include "jobspec/memory_tier.h"
 #include "coordinator/mesh_planner.h"
 #include "jobspec/spec_limits.h"
 #include "rpc/channel_health.h"
@@ -73,10 +74,18 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
     absl::MutexLock lock(&mu_);
     if (auto it = failed_member_.find(job_id); it != failed_member_.end()) failed = it->second;
   }
+  // Spares (--spare) wait for a restart: a job's first run leaves them out.
+  const bool restart = job.attempts_size() > 0;
   std::vector<WorkerInfo> alive;
+  std::vector<std::string> spares_kept;
   for (const WorkerEntry& entry : config_.registry->List()) {
-    if (entry.state == coordinator::WorkerState::kAlive &&
-        std::pair(entry.info.host, entry.info.incarnation) != failed) {
+    if (entry.state != coordinator::WorkerState::kAlive ||
+        std::pair(entry.info.host, entry.info.incarnation) == failed) {
+      continue;
+    }
+    if (entry.info.spare && !restart) {
+      spares_kept.push_back(entry.info.host);
+    } else {
       alive.push_back(entry.info);
     }
   }
@@ -84,6 +93,9 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
   if (pinned.eligible.empty()) {
     std::vector<std::string> reasons;
     for (const auto& e : pinned.excluded) reasons.push_back(e.host + ": " + e.reason);
+    for (const std::string& host : spares_kept) {
+      reasons.push_back(host + ": a spare (--spare), kept for restarts");
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "no eligible worker for this job", reasons.empty() ? " (none registered)" : ": ",
         absl::StrJoin(reasons, "; ")));
@@ -99,17 +111,23 @@ absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest&
                                          .ep = spec.mesh().expert_parallel(),
                                          .tp = spec.mesh().tensor_parallel()};
   const int replicas = std::max(1, spec.mesh().host_replicas());
-  Assignment out;
-  coordinator::MeshPlan& plan = out.plan;
-  if (pinned.pin.platform_name == "cpu") {
-    ASSIGN_OR_RETURN(plan, coordinator::PlanCpuJob(request, replicas, pinned.eligible, busy));
-  } else if (replicas > 1) {
+  if (replicas > 1 && pinned.pin.platform_name != "cpu") {
     return absl::FailedPreconditionError(absl::StrCat(
         "mesh.host_replicas is ", replicas, " but the job runs on ", pinned.pin.platform_name,
         ", where one SPMD program spans the hosts; leave it 0"));
-  } else {
-    ASSIGN_OR_RETURN(plan, coordinator::PlanMesh(request, pinned.eligible));
   }
+  absl::StatusOr<coordinator::MeshPlan> planned =
+      pinned.pin.platform_name == "cpu"
+          ? coordinator::PlanCpuJob(request, replicas, pinned.eligible, busy)
+          : coordinator::PlanMesh(request, pinned.eligible);
+  if (!planned.ok() && !spares_kept.empty()) {
+    return absl::Status(planned.status().code(),
+                        absl::StrCat(planned.status().message(), " (spares, kept for restarts: ",
+                                     absl::StrJoin(spares_kept, ", "), ")"));
+  }
+  Assignment out;
+  coordinator::MeshPlan& plan = out.plan;
+  ASSIGN_OR_RETURN(plan, std::move(planned));
   for (const std::string& name : plan.hosts) {
     for (const WorkerInfo& host : pinned.eligible) {
       if (host.host == name) out.hosts.push_back(host);
@@ -191,6 +209,12 @@ absl::StatusOr<std::optional<JobLauncher::Assignment>> JobLauncher::AssignHosts(
   const coordinator::MeshPlan& plan = assigned->plan;
   // limits: a declared sharding the planned mesh cannot give fails the job here, named.
   RETURN_IF_ERROR(jobspec::CheckShardingFitsMesh(job.spec(), plan.axis_names, plan.shape));
+  // limits: each host must hold the job's in-memory checkpoints (and its ring peer's).
+  ASSIGN_OR_RETURN(const v1::JobManifest booked_job, config_.jobs->Get(job_id));
+  for (const WorkerInfo& host : assigned->hosts) {
+    RETURN_IF_ERROR(jobspec::CheckMemoryTierFits(booked_job.spec(), booked_job.mesh(), host.host,
+                                                 host.host_memory_bytes));
+  }
   RETURN_IF_ERROR(config_.jobs->Transition(job_id, v1::JOB_STATE_ASSIGNED, attempts));
   spdlog::info("job {} ASSIGNED: {}", job_id, plan.ToString());
   return std::move(*assigned);
@@ -217,13 +241,30 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
   if (config_.progress != nullptr) {
     request.set_hang_timeout_millis(absl::ToInt64Milliseconds(config_.progress->hang_timeout()));
   }
+  // A program spanning hosts: each host learns where its ring predecessor serves, to copy its
+  // in-memory checkpoints.
+  std::map<std::string, std::string> ring_peer_address;
+  for (const WorkerInfo& host : assigned.hosts) {
+    const std::string peer = jobspec::RingPredecessor(request.manifest().mesh(), host.host);
+    for (const WorkerInfo& other : assigned.hosts) {
+      if (!peer.empty() && other.host == peer) ring_peer_address[host.host] = other.address;
+    }
+  }
   // Every host at once (bounded): the launch costs the slowest StartJob, not their sum.
   std::vector<absl::Status> started(assigned.hosts.size());
   RunConcurrently(assigned.hosts.size(), [&](size_t i) {
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
+    auto peer = ring_peer_address.find(assigned.hosts[i].host);
+    if (peer == ring_peer_address.end()) {
+      started[i] = FromGrpcStatus(
+          WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
+      return;
+    }
+    v1::StartJobRequest with_peer = request;
+    with_peer.set_ring_peer_address(peer->second);
     started[i] = FromGrpcStatus(
-        WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
+        WorkerStub(assigned.hosts[i]).StartJob(context.get(), with_peer, &response));
   });
   for (size_t i = 0; i < started.size(); ++i) {  // the first host, in mesh order, that failed
     if (started[i].ok()) continue;

@@ -188,11 +188,11 @@ class JobLauncher {
   void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
                     const std::string& cause, bool host_at_fault = true);
-  // The newest in-memory checkpoint at or past `at_least` that the hosts of `job`'s run, less
+  // The newest in-memory checkpoint in [at_least, at_most] that the hosts of `job`'s run, less
   // `lost` ("" for none), still hold for every mesh position (asked at once, 1 s each).
   std::optional<v1::MemoryRestore> NewestMemoryCheckpoint(const v1::JobManifest& job,
                                                           const std::string& lost,
-                                                          int64_t at_least);
+                                                          int64_t at_least, int64_t at_most);
   // A restarted run found no hosts within restart_wait (`why`, the planner's answer): fails the
   // job naming the previous run's cause and host, and the checkpoint to resume from.
   void GiveUpRestart(const v1::JobManifest& job, const absl::Status& why);

@@ -168,8 +168,18 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
       newest = &record;
     }
   }
-  const std::optional<v1::MemoryRestore> memory =
-      NewestMemoryCheckpoint(*job, host_at_fault ? host : "", newest ? newest->step() : 0);
+  const std::vector<coordinator::StepSample> run_steps =
+      config_.telemetry != nullptr ? config_.telemetry->step_times().RunSamples(job_id)
+                                   : std::vector<coordinator::StepSample>{};
+  // A host keeps its state when a peer is lost mid-step, possibly past the last step whose
+  // summary was combined: resuming there would leave a hole in the series.
+  int64_t at_most = INT64_MAX;
+  if (config_.telemetry != nullptr && !job->spec().telemetry().empty()) {
+    const int64_t summarized = run_steps.empty() ? job->restored_step() : run_steps.back().step;
+    at_most = summarized + std::max(1, job->spec().telemetry_cadence()) - 1;
+  }
+  const std::optional<v1::MemoryRestore> memory = NewestMemoryCheckpoint(
+      *job, host_at_fault ? host : "", newest ? newest->step() : 0, at_most);
   if (newest == nullptr && !memory.has_value()) {
     spdlog::warn("job {}: no committed checkpoint left to restart from", job_id);
     return false;
@@ -181,9 +191,6 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
     failed_member_[job_id] = {host, member->second};
   }
   // Restart first: of two failures of the same run, only one restarts the job.
-  const std::vector<coordinator::StepSample> run_steps =
-      config_.telemetry != nullptr ? config_.telemetry->step_times().RunSamples(job_id)
-                                   : std::vector<coordinator::StepSample>{};
   const absl::Status restarted = config_.jobs->Restart(
       job_id, host, cause, newest != nullptr ? newest->path() : job->spec().resume_from(), step,
       job->attempts_size(), run_steps, memory.value_or(v1::MemoryRestore()));
@@ -200,7 +207,8 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
 
 std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::JobManifest& job,
                                                                      const std::string& lost,
-                                                                     int64_t at_least) {
+                                                                     int64_t at_least,
+                                                                     int64_t at_most) {
   if (jobspec::MemoryCheckpointEvery(job.spec().checkpoint()) == 0) return std::nullopt;
   {
     absl::MutexLock lock(&mu_);
@@ -227,11 +235,13 @@ std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::J
     }
   });
   std::optional<v1::MemoryRestore> picked = coordinator::PickMemoryRestore(
-      job.job_id(), run_hosts, survivors, job.mesh().replica_hosts_size() > 1, at_least);
+      job.job_id(), run_hosts, survivors, job.mesh().replica_hosts_size() > 1, at_least, at_most);
   if (!picked.has_value()) {  // the restart reads the disk tier: say why
-    spdlog::info("job {}: no in-memory checkpoint at or past step {} covers the run's {} hosts "
+    spdlog::info("job {}: no in-memory checkpoint at or past step {}{} covers the run's {} hosts "
                  "({} survive); restoring from disk",
-                 job.job_id(), at_least, run_hosts.size(), alive.size());
+                 job.job_id(), at_least,
+                 at_most == INT64_MAX ? "" : absl::StrCat(" and through ", at_most),
+                 run_hosts.size(), alive.size());
   }
   return picked;
 }

@@ -17,6 +17,8 @@ v1::WorkerRegistration ToProto(const coordinator::WorkerInfo& info) {
   for (const auto& device : info.devices) *out.add_devices() = ToProto(device);
   for (const std::string& fp : info.executable_fingerprints) out.add_executable_fingerprints(fp);
   out.set_insecure(info.insecure);
+  out.set_spare(info.spare);
+  out.set_host_memory_bytes(info.host_memory_bytes);
   return out;
 }
 
@@ -34,7 +36,9 @@ coordinator::WorkerInfo FromProto(const v1::WorkerRegistration& registration) {
       .devices = {},
       .executable_fingerprints = {registration.executable_fingerprints().begin(),
                                   registration.executable_fingerprints().end()},
-      .insecure = registration.insecure()};
+      .insecure = registration.insecure(),
+      .spare = registration.spare(),
+      .host_memory_bytes = registration.host_memory_bytes()};
   for (const auto& device : registration.devices()) info.devices.push_back(FromProto(device));
   return info;
 }

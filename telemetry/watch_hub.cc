@@ -212,7 +212,8 @@ bool Watcher::Rewind(const Shared& event) {
   // Queued summaries after `step` are the ended run's, not delivered yet: they go.
   while (!live_.empty() && live_.back().summary->step() > step) live_.pop_back();
   while (!backfill_.empty() && backfill_.back().step() > step) backfill_.pop_back();
-  if (next_step_ <= step + 1) return false;  // delivered nothing after `step`
+  // Told once it has delivered `step`: a restart that lost no step is still an event.
+  if (next_step_ <= step) return false;
   if (mode_ == Mode::kLive) {
     live_.push_back(event);
   } else {  // next in line: the backfill delivers it first and goes on from step + 1

@@ -180,6 +180,25 @@ TEST_F(WatchHubTest, RewindTakesBackWhatWasDeliveredAfterTheCheckpoint) {
   EXPECT_EQ(hub_->Rewind("job-9", 1, rewind).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A restart that lost no step (restored from the step a host kept in memory when its peer
+// died) is still an event for a watcher that delivered that step.
+TEST_F(WatchHubTest, ARestartThatLostNoStepIsStillAnEvent) {
+  ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
+  for (int step = 1; step <= 6; ++step) Commit("job-1", step);
+  auto watcher = Subscribe("job-1", 1);
+  EXPECT_EQ(PopSteps(*watcher, 6), Range(1, 6));
+  ASSERT_TRUE(history_->Rewind("job-1", 6).ok());
+  v1::JobRewind rewind;
+  rewind.set_attempt(2);
+  ASSERT_TRUE(hub_->Rewind("job-1", 6, rewind).ok());
+  Commit("job-1", 7);
+  auto event = watcher->Pop(absl::Seconds(10));
+  ASSERT_EQ(event.kind, Kind::kItem);
+  ASSERT_TRUE(event.summary->has_rewind());
+  EXPECT_EQ(event.summary->step(), 6);
+  EXPECT_EQ(PopSteps(*watcher, 1), Range(7, 7));
+}
+
 TEST_F(WatchHubTest, NamesAndHostDetail) {
   ASSERT_TRUE(hub_->OpenJob("job-1", {"loss", "grad_norm"}).ok());
   Commit("job-1", 1);

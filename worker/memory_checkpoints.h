@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,23 +32,32 @@ struct MemorySnapshot {
   std::string job_id;
   int64_t step = 0;
   int64_t data_position = 0;  // batches consumed through `step`
+  // Empty: this host's own blocks. Else the ring peer whose copy this is (a program spanning
+  // hosts: each keeps its predecessor's, jobspec/memory_tier.h).
+  std::string of_host;
   // state input name -> chunk key -> the block's bytes
   std::map<std::string, std::map<std::string, runtime::HostArray>> blocks;
 
   int64_t Bytes() const;
 };
 
-// The newest snapshots of one job (the job this host ran last): a restart picks a step every
-// host of the ended run holds, and hosts may be one snapshot apart when a run ends.
+// The newest snapshots of one job (the job this host ran last), its own and its ring peer's:
+// a restart picks a step every host of the ended run holds, and hosts may be one snapshot
+// apart when a run ends.
 class MemoryCheckpointStore {
  public:
+  // jobspec::kMemoryCheckpointsKept, which the coordinator sizes host memory with.
   static constexpr int kKeptPerJob = 2;
 
-  // Keeps `snapshot` with the newest kKeptPerJob - 1 of its job's older steps; drops every
-  // other job's, and its job's steps at or past it (a restarted run's, which ended).
+  // Keeps `snapshot` with the newest kKeptPerJob - 1 older steps of its job of the same kind
+  // (own, or a peer's copy); drops every other job's, and its job's steps of that kind at or
+  // past it (a restarted run's, which ended).
   void Put(std::shared_ptr<const MemorySnapshot> snapshot);
-  // Null when not held.
+  // This host's own snapshot of the step; null when not held.
   std::shared_ptr<const MemorySnapshot> Get(const std::string& job_id, int64_t step) const;
+  // Every snapshot of the step held, its own first.
+  std::vector<std::shared_ptr<const MemorySnapshot>> Copies(const std::string& job_id,
+                                                            int64_t step) const;
   // Every snapshot held, newest first.
   std::vector<std::shared_ptr<const MemorySnapshot>> Held() const;
   void Drop(const std::string& job_id);
@@ -72,14 +82,18 @@ absl::StatusOr<std::shared_ptr<MemorySnapshot>> TakeSnapshot(
     int64_t step, int64_t data_position, const StepLoop::DeviceBuffers& state,
     const std::vector<int64_t>& partitions, Metrics* metrics);
 
-// The state [device][state input] for `device_indices` running mesh `partitions`, from
-// `snapshot`. Errors: FAILED_PRECONDITION (a block the snapshot does not hold, or of another
-// shape: it was taken on another mesh), the runtime's transfer errors.
-absl::StatusOr<StepLoop::DeviceBuffers> RestoreSnapshot(runtime::Runtime& runtime,
-                                                        const StateLayout& layout,
-                                                        const MemorySnapshot& snapshot,
-                                                        const std::vector<int>& device_indices,
-                                                        const std::vector<int64_t>& partitions,
-                                                        Metrics* metrics);
+// The blocks (state input name, chunk key) a host running mesh `partitions` needs.
+// Errors: INVALID_ARGUMENT (a sharding the mesh cannot give).
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> BlocksNeeded(
+    const StateLayout& layout, const std::vector<int64_t>& partitions);
+
+// The state [device][state input] for `device_indices` running mesh `partitions`, from the
+// first of `copies` holding each block. Errors: FAILED_PRECONDITION (a block none holds, or of
+// another shape: taken on another mesh), the runtime's transfer errors.
+absl::StatusOr<StepLoop::DeviceBuffers> RestoreSnapshot(
+    runtime::Runtime& runtime, const StateLayout& layout,
+    const std::vector<std::shared_ptr<const MemorySnapshot>>& copies,
+    const std::vector<int>& device_indices, const std::vector<int64_t>& partitions,
+    Metrics* metrics);
 
 }  // namespace meshrun::worker

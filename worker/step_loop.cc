@@ -343,6 +343,16 @@ void StepLoop::FinishStep(int64_t s, AfterStep after) {
   if (after.stop) Cancel();
 }
 
+void StepLoop::KeepStateInMemory(int64_t s) {
+  const int64_t every = config_.memory_checkpoint_every;
+  if (!config_.memory_checkpoint || every <= 0 || s < 1) return;
+  if (s % every == 0 && s >= config_.spec.first_step) return;  // FinishStep took it
+  const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
+  const absl::Time start = config_.clock->Now();
+  config_.memory_checkpoint(s, state_, partitions_, s * micro);
+  metrics_->AddTime(kMemoryCheckpointTime, config_.clock->Now() - start);
+}
+
 void StepLoop::RequestCheckpoint(bool then_stop) {
   absl::MutexLock l(&mu_);
   checkpoint_requested_ = true;

@@ -207,7 +207,9 @@ class StepLoop {
     // A checkpoint after every N-th step and after the last one; 0 = only when requested.
     int64_t checkpoint_every = 0;
     // In-memory checkpoints (worker/memory_checkpoints.h): after every N-th step but the last,
-    // before `checkpoint` on a step that has both; 0 or an empty hook = none.
+    // before `checkpoint` on a step that has both; 0 or an empty hook = none. In mode B also
+    // when the gradient reduction fails (a host replica lost mid-step): the state is then still
+    // the last completed step's, so the restart re-runs nothing.
     CheckpointHook memory_checkpoint;
     int64_t memory_checkpoint_every = 0;
     RunSpec spec;
@@ -290,6 +292,8 @@ class StepLoop {
   AfterStep DecideAfterStep(int64_t s);
   // After step `s` completed and its state is in state_: does what DecideAfterStep decided.
   void FinishStep(int64_t s, AfterStep after);
+  // The memory_checkpoint of step `s`, whose state state_ still holds, unless taken already.
+  void KeepStateInMemory(int64_t s);
   // After step `s`'s program ran (from `start`, launched at `launched`, having waited
   // `data_wait` for its batches): records its metrics and, on a logging step, emits its
   // telemetry. A telemetry error still counts the step completed.

@@ -79,6 +79,9 @@ absl::Status StepLoop::RunModeBSteps() {
     }
     if (config_.reduce_gradients) {
       if (absl::Status status = config_.reduce_gradients(grad_acc_); !status.ok()) {
+        // A replica lost mid-step: this host's state is step s-1's, whole (grad does not
+        // donate it). Kept in memory, the restart resumes right after it.
+        KeepStateInMemory(s - 1);
         return PrefixStatus(status, absl::StrCat("step ", s, ": gradient reduction: "));
       }
     }

@@ -452,7 +452,7 @@ TEST_F(StepLoopTest, ARunRestoredFromAMemoryCheckpointRepeatsTheLossesExactly) {
       config.spec.first_step = restore_step + 1;
       config.restore_state = [&, snapshot](const std::vector<int>& devices,
                                            const std::vector<int64_t>& partitions) {
-        return RestoreSnapshot(*runtime_, layout, *snapshot, devices, partitions, nullptr);
+        return RestoreSnapshot(*runtime_, layout, {snapshot}, devices, partitions, nullptr);
       };
     }
     auto loop = StepLoop::Create(std::move(config));
@@ -480,7 +480,7 @@ TEST_F(StepLoopTest, ARunRestoredFromAMemoryCheckpointRepeatsTheLossesExactly) {
   // A snapshot of another mesh does not restore: the block it needs is named.
   StateLayout other = layout;
   other.mesh_shape = {8, 1};
-  auto refused = RestoreSnapshot(*runtime_, other, *store.Get("j", 20), {0}, {0}, nullptr);
+  auto refused = RestoreSnapshot(*runtime_, other, {store.Get("j", 20)}, {0}, {0}, nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
 }
 
@@ -505,6 +505,44 @@ TEST(MemoryCheckpointStore, KeepsTheNewestTwoOfTheLastJob) {
   EXPECT_EQ(store.Held().size(), 1u);
   store.Drop("b");
   EXPECT_EQ(store.Bytes(), 0);
+}
+
+TEST(MemoryCheckpointStore, KeepsARingPeersCopiesBesideItsOwn) {
+  MemoryCheckpointStore store;
+  auto snapshot = [](int64_t step, const std::string& of_host, const std::string& key) {
+    auto s = std::make_shared<MemorySnapshot>();
+    s->job_id = "j";
+    s->step = step;
+    s->of_host = of_host;
+    s->blocks["w"][key] = runtime::HostArray{{runtime::DType::kF32, {2}}, std::string(8, 'x')};
+    return s;
+  };
+  for (int64_t step : {10, 20, 30}) {
+    store.Put(snapshot(step, "", "0"));
+    store.Put(snapshot(step, "host-a", "1"));  // the predecessor's blocks
+  }
+  EXPECT_EQ(store.Held().size(), 4u);  // the newest two of each kind
+  EXPECT_EQ(store.Get("j", 30)->of_host, "");
+  const auto copies = store.Copies("j", 30);
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0]->of_host, "");  // its own first
+  EXPECT_EQ(copies[1]->of_host, "host-a");
+  EXPECT_TRUE(store.Copies("j", 10).empty());
+  // The blocks a host needs are named like the copies' keys: w f32[4] split over data=2.
+  v1::TensorSpec w;
+  w.set_name("w");
+  w.set_dtype("f32");
+  w.add_shape(4);
+  w.add_sharding("data");
+  const StateLayout layout{.state = {w}, .mesh_axes = {"data"}, .mesh_shape = {2}};
+  auto needed = BlocksNeeded(layout, {1});  // the predecessor's partition
+  ASSERT_TRUE(needed.ok()) << needed.status();
+  using Refs = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(*needed, (Refs{{"w", "1"}}));
+  EXPECT_EQ(*BlocksNeeded(layout, {0, 1}), (Refs{{"w", "0"}, {"w", "1"}}));
+  store.Put(snapshot(20, "", "0"));  // a restarted run: its own 30 goes, the peer's stays
+  EXPECT_EQ(store.Get("j", 30), nullptr);
+  EXPECT_EQ(store.Copies("j", 30).size(), 1u);
 }
 
 TEST_F(StepLoopTest, StopFromAnotherThreadEndsARunningLoop) {

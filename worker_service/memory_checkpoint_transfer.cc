@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,11 +17,15 @@ namespace {
 
 class MemoryServeReactor final : public grpc::ServerWriteReactor<v1::MemoryCheckpointPiece> {
  public:
-  explicit MemoryServeReactor(std::shared_ptr<const worker::MemorySnapshot> snapshot)
-      : snapshot_(std::move(snapshot)) {
-    for (const auto& [name, keyed] : snapshot_->blocks) {
-      for (const auto& [key, block] : keyed) blocks_.push_back({&name, &key, &block});
-    }
+  struct Entry {
+    const std::string* name;
+    const std::string* key;
+    const runtime::HostArray* block;
+  };
+  // `blocks` point into `copies`, which the reactor keeps alive.
+  MemoryServeReactor(std::vector<std::shared_ptr<const worker::MemorySnapshot>> copies,
+                     std::vector<Entry> blocks)
+      : copies_(std::move(copies)), blocks_(std::move(blocks)) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -29,11 +35,6 @@ class MemoryServeReactor final : public grpc::ServerWriteReactor<v1::MemoryCheck
   void OnDone() override { delete this; }
 
  private:
-  struct Entry {
-    const std::string* name;
-    const std::string* key;
-    const runtime::HostArray* block;
-  };
   void WriteNext() {
     if (next_ >= blocks_.size()) return Finish(grpc::Status::OK);
     const Entry& entry = blocks_[next_];
@@ -42,7 +43,7 @@ class MemoryServeReactor final : public grpc::ServerWriteReactor<v1::MemoryCheck
     piece_.set_array(*entry.name);
     piece_.set_key(*entry.key);
     piece_.set_offset(offset_);
-    piece_.set_data_position(snapshot_->data_position);
+    piece_.set_data_position(copies_.front()->data_position);
     if (offset_ == 0) {
       piece_.set_dtype(std::string(runtime::DTypeName(entry.block->shape.dtype)));
       for (int64_t n : entry.block->shape.dims) piece_.add_dims(n);
@@ -58,7 +59,7 @@ class MemoryServeReactor final : public grpc::ServerWriteReactor<v1::MemoryCheck
     StartWrite(&piece_);
   }
 
-  std::shared_ptr<const worker::MemorySnapshot> snapshot_;
+  std::vector<std::shared_ptr<const worker::MemorySnapshot>> copies_;
   std::vector<Entry> blocks_;
   size_t next_ = 0;
   int64_t offset_ = 0;
@@ -93,12 +94,11 @@ absl::Status Accept(const v1::MemoryCheckpointPiece& piece, worker::MemorySnapsh
 }
 
 absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> FetchFrom(
-    const v1::MemoryHolder& holder, const std::string& job_id, int64_t step,
-    absl::Duration timeout) {
-  auto stub = v1::Worker::NewStub(MakeWorkerChannel(holder.address(), holder.host()));
-  v1::FetchMemoryCheckpointRequest request;
-  request.set_job_id(job_id);
-  request.set_step(step);
+    const std::string& host, const std::string& address,
+    const v1::FetchMemoryCheckpointRequest& request, absl::Duration timeout) {
+  auto stub = v1::Worker::NewStub(MakeWorkerChannel(address, host));
+  const std::string& job_id = request.job_id();
+  const int64_t step = request.step();
   auto context = ContextWithTimeout(timeout);
   auto reader = stub->FetchMemoryCheckpoint(context.get(), request);
   auto snapshot = std::make_shared<worker::MemorySnapshot>();
@@ -126,25 +126,55 @@ absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> FetchFrom(
 }  // namespace
 
 grpc::ServerWriteReactor<v1::MemoryCheckpointPiece>* ServeMemoryCheckpoint(
-    std::shared_ptr<const worker::MemorySnapshot> snapshot,
+    std::vector<std::shared_ptr<const worker::MemorySnapshot>> copies,
     const v1::FetchMemoryCheckpointRequest& request) {
-  if (snapshot == nullptr) {
+  const auto not_found = [&](const std::string& what) {
     return new RefusedReactor(grpc::Status(
         grpc::StatusCode::NOT_FOUND,
-        absl::StrCat("this host holds no in-memory checkpoint of step ", request.step(),
-                     " of job ", request.job_id())));
+        absl::StrCat("this host holds no ", what, " of the in-memory checkpoint of step ",
+                     request.step(), " of job ", request.job_id())));
+  };
+  std::vector<MemoryServeReactor::Entry> blocks;
+  if (request.blocks().empty()) {  // its own copy, whole
+    if (copies.empty() || !copies.front()->of_host.empty()) return not_found("copy of its own");
+    for (const auto& [name, keyed] : copies.front()->blocks) {
+      for (const auto& [key, block] : keyed) blocks.push_back({&name, &key, &block});
+    }
+  } else {
+    for (const v1::MemoryBlockRef& ref : request.blocks()) {
+      const size_t before = blocks.size();
+      for (const auto& copy : copies) {  // its own first, then a ring peer's
+        auto array = copy->blocks.find(ref.array());
+        if (array == copy->blocks.end()) continue;
+        if (auto it = array->second.find(ref.key()); it != array->second.end()) {
+          blocks.push_back({&array->first, &it->first, &it->second});
+          break;
+        }
+      }
+      if (blocks.size() == before) {
+        return not_found(absl::StrCat("block ", ref.key(), " of ", ref.array()));
+      }
+    }
   }
-  return new MemoryServeReactor(std::move(snapshot));
+  return new MemoryServeReactor(std::move(copies), std::move(blocks));
 }
 
 absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> FetchMemoryCheckpoint(
     const v1::MemoryRestore& restore, const std::string& job_id, const std::string& self,
-    absl::Duration timeout) {
+    const std::vector<std::pair<std::string, std::string>>& blocks, absl::Duration timeout) {
+  v1::FetchMemoryCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_step(restore.step());
+  for (const auto& [array, key] : blocks) {
+    v1::MemoryBlockRef* ref = request.add_blocks();
+    ref->set_array(array);
+    ref->set_key(key);
+  }
   std::vector<std::string> errors;
   for (const v1::MemoryHolder& holder : restore.holders()) {
     if (holder.host() == self) continue;
     absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> fetched =
-        FetchFrom(holder, job_id, restore.step(), timeout);
+        FetchFrom(holder.host(), holder.address(), request, timeout);
     if (fetched.ok()) {
       spdlog::info("job {}: fetched the in-memory checkpoint of step {} from {} ({} bytes)",
                    job_id, restore.step(), holder.host(), (*fetched)->Bytes());
@@ -155,6 +185,84 @@ absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> FetchMemoryCheckpoint(
   return absl::UnavailableError(absl::StrCat(
       "no host served the in-memory checkpoint of step ", restore.step(),
       errors.empty() ? " (no other host holds it)" : absl::StrCat(": ", absl::StrJoin(errors, "; "))));
+}
+
+absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> FetchPeerCopy(const std::string& peer,
+                                                                     const std::string& address,
+                                                                     const std::string& job_id,
+                                                                     int64_t step,
+                                                                     absl::Duration timeout) {
+  v1::FetchMemoryCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  ASSIGN_OR_RETURN(std::shared_ptr<worker::MemorySnapshot> copy,
+                   FetchFrom(peer, address, request, timeout));
+  copy->of_host = peer;
+  return copy;
+}
+
+RingPeerCopier::RingPeerCopier(worker::MemoryCheckpointStore* store, std::string job_id,
+                               std::string peer, std::string address)
+    : store_(store),
+      job_id_(std::move(job_id)),
+      peer_(std::move(peer)),
+      address_(std::move(address)),
+      thread_([this] { Run(); }) {}
+
+RingPeerCopier::~RingPeerCopier() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void RingPeerCopier::Copied(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  pending_ = std::max(pending_, step);
+}
+
+void RingPeerCopier::Run() {
+  for (;;) {
+    int64_t step = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](RingPeerCopier* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_ || self->pending_ > 0;
+          },
+          this));
+      if (stopping_) return;
+      step = std::exchange(pending_, 0);
+    }
+    CopyStep(step);
+  }
+}
+
+void RingPeerCopier::CopyStep(int64_t step) {
+  // The predecessor takes the same step at about the same time (the hosts run one program):
+  // a NOT_FOUND means "not yet", for a while.
+  constexpr int kAttempts = 40;
+  constexpr absl::Duration kRetry = absl::Milliseconds(50);
+  constexpr absl::Duration kTimeout = absl::Seconds(30);
+  absl::Status last;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_ || pending_ > step) return;  // a newer step is due
+    }
+    absl::StatusOr<std::shared_ptr<worker::MemorySnapshot>> copy =
+        FetchPeerCopy(peer_, address_, job_id_, step, kTimeout);
+    if (copy.ok()) {
+      store_->Put(*std::move(copy));
+      return;
+    }
+    last = copy.status();
+    if (!absl::IsNotFound(last)) break;
+    absl::SleepFor(kRetry);
+  }
+  spdlog::warn("job {}: no copy of ring peer {}'s in-memory checkpoint of step {}: {}", job_id_,
+               peer_, step, last.ToString());
 }
 
 }  // namespace meshrun::services

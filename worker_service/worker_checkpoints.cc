@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "jobspec/job_validation.h"
+#include "jobspec/memory_tier.h"
 #include "rpc/server_support.h"
 #include "worker_service/memory_checkpoint_transfer.h"
 
@@ -19,6 +20,8 @@ namespace {
 // A restarted host fetching the state from a holder: generous for a large state, bounded so a
 // holder that stopped answering fails the restore (the next restart reads the disk tier).
 constexpr absl::Duration kFetchTimeout = absl::Seconds(120);
+static_assert(worker::MemoryCheckpointStore::kKeptPerJob == jobspec::kMemoryCheckpointsKept,
+              "the coordinator sizes host memory for the steps the store keeps");
 
 // Delivers a host's report, retrying briefly (with backoff while the coordinator is busy): the
 // commit waits for every host's.
@@ -62,14 +65,18 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
                           metrics = context.metrics](const std::vector<int>& devices,
                                                      const std::vector<int64_t>& partitions)
         -> absl::StatusOr<worker::StepLoop::DeviceBuffers> {
-      std::shared_ptr<const worker::MemorySnapshot> snapshot = store->Get(job_id, memory.step());
-      if (snapshot == nullptr) {
-        ASSIGN_OR_RETURN(std::shared_ptr<worker::MemorySnapshot> fetched,
-                         FetchMemoryCheckpoint(memory, job_id, host, kFetchTimeout));
-        store->Put(fetched);  // this host can serve it too from now on
-        snapshot = std::move(fetched);
+      absl::StatusOr<worker::StepLoop::DeviceBuffers> restored = absl::FailedPreconditionError(
+          "this host holds no copy of the step");
+      if (auto copies = store->Copies(job_id, memory.step()); !copies.empty()) {
+        restored = worker::RestoreSnapshot(*runtime, layout, copies, devices, partitions, metrics);
       }
-      return worker::RestoreSnapshot(*runtime, layout, *snapshot, devices, partitions, metrics);
+      if (!absl::IsFailedPrecondition(restored.status())) return restored;
+      // A spare, the lost host back, or a host given other partitions: fetch what it lacks.
+      ASSIGN_OR_RETURN(const auto needed, worker::BlocksNeeded(layout, partitions));
+      ASSIGN_OR_RETURN(std::shared_ptr<worker::MemorySnapshot> fetched,
+                       FetchMemoryCheckpoint(memory, job_id, host, needed, kFetchTimeout));
+      store->Put(fetched);  // its own blocks in this run: it can serve them from now on
+      return worker::RestoreSnapshot(*runtime, layout, {fetched}, devices, partitions, metrics);
     };
     spdlog::info("job {}: restarting after step {} from in-memory checkpoints",
                  manifest.job_id(), memory.step());
@@ -90,7 +97,15 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
   const int64_t memory_every = jobspec::MemoryCheckpointEvery(spec.checkpoint());
   if (memory_every > 0 && context.memory != nullptr) {
     loop.memory_checkpoint_every = memory_every;
-    loop.memory_checkpoint = [runtime = context.runtime, store = context.memory, layout,
+    // A program spanning hosts: keep a copy of the ring predecessor's, so one lost host loses
+    // no block.
+    std::shared_ptr<RingPeerCopier> ring;
+    if (const std::string peer = jobspec::RingPredecessor(manifest.mesh(), context.host);
+        !peer.empty() && !context.ring_peer_address.empty()) {
+      ring = std::make_shared<RingPeerCopier>(context.memory, manifest.job_id(), peer,
+                                              context.ring_peer_address);
+    }
+    loop.memory_checkpoint = [runtime = context.runtime, store = context.memory, layout, ring,
                               job_id = manifest.job_id(), metrics = context.metrics](
                                  int64_t step, const worker::StepLoop::DeviceBuffers& state,
                                  const std::vector<int64_t>& partitions, int64_t data_position) {
@@ -103,6 +118,7 @@ absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(
       }
       if (metrics != nullptr) metrics->AddBytes(worker::kMemoryCheckpointBytes, (*snapshot)->Bytes());
       store->Put(*std::move(snapshot));
+      if (ring != nullptr) ring->Copied(step);
     };
   }
   ASSIGN_OR_RETURN(std::unique_ptr<worker::CheckpointSaver> saver,

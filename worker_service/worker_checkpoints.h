@@ -29,12 +29,15 @@ struct JobCheckpointContext {
   worker::Metrics* metrics = nullptr;
   v1::Coordinator::Stub* coordinator = nullptr;
   worker::MemoryCheckpointStore* memory = nullptr;  // this worker's in-memory checkpoints
+  // Where this host's ring predecessor serves (StartJobRequest.ring_peer_address): it keeps a
+  // copy of that host's in-memory checkpoints. Empty: no ring (the program is on one host).
+  std::string ring_peer_address;
 };
 
 // Fills `loop`'s checkpoint hooks (disk, and memory into context.memory) and, for a resumed or
 // restarted job, its restore_state and spec.first_step, and skips `loop.batches` ahead: from
-// the manifest's memory_restore when set (this host's own copy, else one fetched from a
-// holder), else from spec.resume_from. Returns the saver (null without a
+// the manifest's memory_restore when set (the copies this host holds, else the blocks it
+// needs fetched from a holder), else from spec.resume_from. Returns the saver (null without a
 // checkpoint policy), which must outlive the loop.
 // Errors: FAILED_PRECONDITION (resume_from not a committed checkpoint), the batch source's.
 absl::StatusOr<std::shared_ptr<worker::CheckpointSaver>> ConfigureCheckpoints(

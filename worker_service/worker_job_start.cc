@@ -15,6 +15,7 @@
 #include "bundle/example_job.h"
 #include "common/status_macros.h"
 #include "jobspec/job_validation.h"
+#include "jobspec/memory_tier.h"
 #include "jobspec/spec_limits.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
@@ -124,10 +125,7 @@ absl::StatusOr<std::unique_ptr<worker::BatchSource>> MakeBatches(const v1::JobMa
     }
     return worker::MakeCycledBatches(std::move(bundle.batches));
   }
-  std::vector<int64_t> partitions;
-  for (int p = 0; p < mesh.device_ids_size(); ++p) {
-    if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) partitions.push_back(p);
-  }
+  const std::vector<int64_t> partitions = jobspec::PartitionsOf(mesh, host);
   worker::TokenBatchSpec batch{.seed = static_cast<uint64_t>(data.seed())};
   std::set<int64_t> rows;
   // A sparse job's last inputs are the plan tables, appended by WithPlanTables.
@@ -420,7 +418,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
                                          .runtime = runtime_.get(),
                                          .metrics = &metrics_,
                                          .coordinator = coordinator_.get(),
-                                         .memory = &memory_checkpoints_},
+                                         .memory = &memory_checkpoints_,
+                                         .ring_peer_address = request.ring_peer_address()},
                                         loop_config));
   // A job's checkpoints are committed before its outcome is reported.
   loop_config.on_done = [this, job_id, attempt, saver](const worker::LoopResult& result) {

@@ -45,6 +45,12 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(std::string, pjrt_plugin, meshrun::runtime::DefaultPjrtPluginPath(),
           "PJRT plugin to run with: libtpu.so on TPU hosts, XLA's CPU plugin elsewhere");
 ABSL_FLAG(int64_t, cpu_devices, 8, "CPU plugin only: number of CPU devices");
+ABSL_FLAG(bool, spare, false,
+          "register as a hot spare: kept out of a job's first placement, it takes a lost "
+          "host's place when a job restarts (docs/checkpoints.md)");
+ABSL_FLAG(int64_t, memory_checkpoint_bytes, 0,
+          "host memory in-memory checkpoints may fill, bytes; 0: MemAvailable at start. A job "
+          "whose checkpoints would not fit is refused (docs/limits.md)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight work may take before it is cancelled");
 // limits (docs/limits.md)
@@ -149,7 +155,9 @@ int main(int argc, char** argv) {
        // `meshrun drain <host>`: the same path as systemctl stop (SIGTERM, awaited below).
        .on_drain_request = [] { kill(getpid(), SIGTERM); },
        .data_roots = meshrun::services::RepeatedFlagValues("data_root",
-                                                           absl::GetFlag(FLAGS_data_root))});
+                                                           absl::GetFlag(FLAGS_data_root)),
+       .spare = absl::GetFlag(FLAGS_spare),
+       .memory_checkpoint_bytes = absl::GetFlag(FLAGS_memory_checkpoint_bytes)});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   signals.MarkStarted();
   const int signal = signals.Wait();

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 
 #include "absl/random/random.h"
@@ -14,11 +15,25 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
-#include "common/protocol.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
 
 namespace meshrun::services {
+namespace {
+
+// MemAvailable from /proc/meminfo, bytes; 0 when it cannot be read.
+int64_t AvailableHostMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string name;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> name >> kib >> unit) {
+    if (name == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
 
 std::string WorkerServer::FreshIncarnation() {
   absl::BitGen gen;
@@ -40,6 +55,10 @@ absl::Status WorkerServer::Register() {
   }
   registration->set_incarnation(incarnation());
   registration->set_insecure(ServingInsecurely());
+  registration->set_spare(config_.spare);
+  registration->set_host_memory_bytes(config_.memory_checkpoint_bytes > 0
+                                          ? config_.memory_checkpoint_bytes
+                                          : AvailableHostMemory());
   if (runtime_ != nullptr) {
     *registration->mutable_runtime() = ToProto(runtime_->identity());
     for (const auto& device : runtime_->addressable_devices()) {

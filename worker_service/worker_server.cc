@@ -79,7 +79,7 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
   grpc::ServerWriteReactor<v1::MemoryCheckpointPiece>* FetchMemoryCheckpoint(
       grpc::CallbackServerContext*, const v1::FetchMemoryCheckpointRequest* request) override {
     return ServeMemoryCheckpoint(
-        owner_->memory_checkpoints_.Get(request->job_id(), request->step()), *request);
+        owner_->memory_checkpoints_.Copies(request->job_id(), request->step()), *request);
   }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
@@ -530,6 +530,7 @@ void WorkerServer::FillStatus(v1::WorkerStatusReport* report) {
     held->set_step(snapshot->step);
     held->set_data_position(snapshot->data_position);
     held->set_bytes(snapshot->Bytes());
+    held->set_of_host(snapshot->of_host);
   }
   for (const worker::MetricValue& m : metrics_.Snapshot()) {
     v1::Metric* metric = report->add_metrics();

@@ -69,6 +69,11 @@ class WorkerServer {
     // bundle, token shards, array file, checkpoints): --data_root. A job naming a path
     // elsewhere is refused at StartJob.
     std::string data_roots;
+    // checkpoint (docs/checkpoints.md): register as a hot spare (--spare); the host memory
+    // in-memory checkpoints may fill, in bytes (--memory_checkpoint_bytes; 0: MemAvailable at
+    // start), which the coordinator checks a job's checkpoints against.
+    bool spare = false;
+    int64_t memory_checkpoint_bytes = 0;
   };
 
   // Errors: INVALID_ARGUMENT (bad address flag, a --data_root that is not an absolute
