@@ -45,10 +45,7 @@ run() {
   local mode=$1 dir="$tmp/$1" job victim at
   declare -A pid_of index_of=([host-a]=0 [host-b]=1 [host-c]=2)
   mkdir -p "$dir/ck"
-  "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$dir/c" --data_root="$tmp" \
-    --heartbeat_timeout=2s --restart_wait=60s >"$dir/c.log" 2>&1 &
-  track $!
-  await_coordinator "$dir/c.log"
+  start_coordinator "$dir"
   pid_of[host-a]=$(start_worker "$dir" host-a 0)
   pid_of[host-b]=$(start_worker "$dir" host-b 1)
   pid_of[host-c]=$(start_worker "$dir" host-c 2 --spare)

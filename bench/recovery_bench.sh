@@ -30,10 +30,7 @@ round() {
   local mode=$1 dir="$tmp/r$RANDOM" flags="" job victim
   declare -A pid_of
   mkdir -p "$dir/ck"
-  "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$dir/c" --data_root="$tmp" \
-    --heartbeat_timeout=2s --restart_wait=60s >"$dir/c.log" 2>&1 &
-  track $!
-  await_coordinator "$dir/c.log"
+  start_coordinator "$dir"
   pid_of[host-a]=$(start_worker "$dir" host-a 0)
   pid_of[host-b]=$(start_worker "$dir" host-b 1)
   cli workers --expect=2 --wait=30s >/dev/null || fail "workers did not register"

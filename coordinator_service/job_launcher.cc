@@ -243,28 +243,24 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
   }
   // A program spanning hosts: each host learns where its ring predecessor serves, to copy its
   // in-memory checkpoints.
-  std::map<std::string, std::string> ring_peer_address;
-  for (const WorkerInfo& host : assigned.hosts) {
-    const std::string peer = jobspec::RingPredecessor(request.manifest().mesh(), host.host);
-    for (const WorkerInfo& other : assigned.hosts) {
-      if (!peer.empty() && other.host == peer) ring_peer_address[host.host] = other.address;
-    }
-  }
+  std::map<std::string, std::string> address_of;
+  for (const WorkerInfo& host : assigned.hosts) address_of[host.host] = host.address;
   // Every host at once (bounded): the launch costs the slowest StartJob, not their sum.
   std::vector<absl::Status> started(assigned.hosts.size());
   RunConcurrently(assigned.hosts.size(), [&](size_t i) {
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
-    auto peer = ring_peer_address.find(assigned.hosts[i].host);
-    if (peer == ring_peer_address.end()) {
-      started[i] = FromGrpcStatus(
-          WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
-      return;
+    const v1::StartJobRequest* sent = &request;
+    v1::StartJobRequest with_peer;  // a copy only for a host that has a ring peer
+    const std::string peer =
+        jobspec::RingPredecessor(request.manifest().mesh(), assigned.hosts[i].host);
+    if (auto address = address_of.find(peer); !peer.empty() && address != address_of.end()) {
+      with_peer = request;
+      with_peer.set_ring_peer_address(address->second);
+      sent = &with_peer;
     }
-    v1::StartJobRequest with_peer = request;
-    with_peer.set_ring_peer_address(peer->second);
     started[i] = FromGrpcStatus(
-        WorkerStub(assigned.hosts[i]).StartJob(context.get(), with_peer, &response));
+        WorkerStub(assigned.hosts[i]).StartJob(context.get(), *sent, &response));
   });
   for (size_t i = 0; i < started.size(); ++i) {  // the first host, in mesh order, that failed
     if (started[i].ok()) continue;

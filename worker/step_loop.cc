@@ -330,11 +330,7 @@ StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
 
 void StepLoop::FinishStep(int64_t s, AfterStep after) {
   const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
-  if (after.memory) {
-    const absl::Time start = config_.clock->Now();
-    config_.memory_checkpoint(s, state_, partitions_, s * micro);
-    metrics_->AddTime(kMemoryCheckpointTime, config_.clock->Now() - start);
-  }
+  if (after.memory) TakeMemoryCheckpoint(s);
   if (after.checkpoint) {
     const absl::Time start = config_.clock->Now();
     config_.checkpoint(s, state_, partitions_, s * micro);
@@ -347,6 +343,10 @@ void StepLoop::KeepStateInMemory(int64_t s) {
   const int64_t every = config_.memory_checkpoint_every;
   if (!config_.memory_checkpoint || every <= 0 || s < 1) return;
   if (s % every == 0 && s >= config_.spec.first_step) return;  // FinishStep took it
+  TakeMemoryCheckpoint(s);
+}
+
+void StepLoop::TakeMemoryCheckpoint(int64_t s) {
   const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
   const absl::Time start = config_.clock->Now();
   config_.memory_checkpoint(s, state_, partitions_, s * micro);

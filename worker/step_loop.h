@@ -294,6 +294,8 @@ class StepLoop {
   void FinishStep(int64_t s, AfterStep after);
   // The memory_checkpoint of step `s`, whose state state_ still holds, unless taken already.
   void KeepStateInMemory(int64_t s);
+  // Calls memory_checkpoint with state_ as step `s`'s, timed.
+  void TakeMemoryCheckpoint(int64_t s);
   // After step `s`'s program ran (from `start`, launched at `launched`, having waited
   // `data_wait` for its batches): records its metrics and, on a logging step, emits its
   // telemetry. A telemetry error still counts the step completed.
