@@ -109,7 +109,8 @@ same_losses recovered || fail "the recovered run differs from the uninterrupted 
 
 # A preemption of one host replica: `meshrun checkpoint` commits a step both hosts save, then
 # SIGTERM to host-b makes both hosts save one step and stop; the job restarts from that step
-# (0 steps lost) once host-b is back, and SUCCEEDS with the uninterrupted run's losses.
+# (0 steps lost), read from host-a's memory, once host-b is back, and SUCCEEDS with the
+# uninterrupted run's losses.
 mkdir "$tmp/preempt"
 job=$(cli submit "$lm" --data=synthetic --steps=$steps --cadence=1 --checkpoint_dir="$tmp/preempt" \
   --checkpoint_every=1000)
@@ -138,8 +139,9 @@ before = max(int(c["step"]) for c in job["checkpoints"]
              if c.get("committed") and int(c["unix_micros"]) <= int(run["end_unix_micros"]))
 assert int(run["last_step"]) == before == int(run["restored_step"]), (run, before)
 assert int(run.get("steps_lost", 0)) == 0 and "a preemption" in run["cause"], run
-assert run["host"] == "host-b", run
-print(f"preempted after step {run['last_step']}: committed on both hosts, 0 steps lost; SUCCEEDED")
+assert run["host"] == "host-b" and run["restored_from"] == "memory", run
+print(f"preempted after step {run['last_step']}: committed on both hosts, restored from memory, "
+      "0 steps lost; SUCCEEDED")
 PY
 export_loss "$job" "$tmp/preempted.csv"
 same_losses preempted || fail "the preempted run differs from the uninterrupted one"

@@ -320,9 +320,11 @@ StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
   const bool at_target = checkpoint_at_ == s;
   AfterStep after{
       .checkpoint = config_.checkpoint && (scheduled || checkpoint_requested_ || at_target),
-      .memory = config_.memory_checkpoint && config_.memory_checkpoint_every > 0 &&
-                s % config_.memory_checkpoint_every == 0 && s != config_.spec.steps,
       .stop = stop_after_checkpoint_ || (at_target && stop_at_target_)};
+  // A preemption's step is kept in memory too: the restart that follows reads it from there.
+  after.memory = config_.memory_checkpoint && config_.memory_checkpoint_every > 0 &&
+                 s != config_.spec.steps &&
+                 (s % config_.memory_checkpoint_every == 0 || (after.stop && after.checkpoint));
   checkpoint_requested_ = false;
   if (at_target) checkpoint_at_ = 0;
   return after;

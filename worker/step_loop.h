@@ -207,7 +207,8 @@ class StepLoop {
     // A checkpoint after every N-th step and after the last one; 0 = only when requested.
     int64_t checkpoint_every = 0;
     // In-memory checkpoints (worker/memory_checkpoints.h): after every N-th step but the last,
-    // before `checkpoint` on a step that has both; 0 or an empty hook = none. In mode B also
+    // and after the step a preemption saves (then stops at), before `checkpoint` on a step that
+    // has both; 0 or an empty hook = none. In mode B also
     // when the gradient reduction fails (a host replica lost mid-step): the state is then still
     // the last completed step's, so the restart re-runs nothing.
     CheckpointHook memory_checkpoint;

@@ -374,8 +374,8 @@ TEST_F(StepLoopTest, CancelFromTheSinkEndsTheLoopAfterTheStepInFlight) {
   EXPECT_EQ(collected.done[0].last_completed_step, 51);
 }
 
-// A job-wide checkpoint: the loop saves at exactly the step asked for, then stops; a step it
-// has passed or one outside the run is refused.
+// A job-wide checkpoint: the loop saves at exactly the step asked for (on disk and, with a stop
+// after it, in memory), then stops; a step it has passed or one outside the run is refused.
 TEST_F(StepLoopTest, CheckpointAtATargetStepThenStop) {
   const CompiledJob& job = Job("mlp_classifier/dp1");
   ASSERT_NE(job.step, nullptr);
@@ -388,6 +388,12 @@ TEST_F(StepLoopTest, CheckpointAtATargetStepThenStop) {
                  std::make_unique<JobBatches>(job.job, JobBatches::Options{}), &collected);
   config.checkpoint = [&saved](int64_t step, const StepLoop::DeviceBuffers&,
                                const std::vector<int64_t>&, int64_t) { saved.push_back(step); };
+  std::vector<int64_t> in_memory;  // loop thread only, read after Wait
+  config.memory_checkpoint_every = 10;
+  config.memory_checkpoint = [&in_memory](int64_t step, const StepLoop::DeviceBuffers&,
+                                          const std::vector<int64_t>&, int64_t) {
+    in_memory.push_back(step);
+  };
   config.sink = [&](HostStepSummary summary) {
     if (summary.step == 10) answers.push_back(raw->RequestCheckpointAt(9, true));
     if (summary.step == 20) {
@@ -406,6 +412,8 @@ TEST_F(StepLoopTest, CheckpointAtATargetStepThenStop) {
   EXPECT_EQ(result.outcome, LoopOutcome::kCancelled);
   EXPECT_EQ(result.last_completed_step, 35);
   EXPECT_EQ(saved, std::vector<int64_t>{35});
+  // The step a preemption stops at is kept in memory too: the restart reads it from there.
+  EXPECT_EQ(in_memory, (std::vector<int64_t>{10, 20, 30, 35}));
   ASSERT_EQ(answers.size(), 5u);
   EXPECT_TRUE(absl::IsFailedPrecondition(answers[0])) << answers[0];
   EXPECT_TRUE(absl::StrContains(answers[0].message(), "past it")) << answers[0];
