@@ -153,10 +153,14 @@ def test_gpt_on_two_hosts_trains_like_eager_torch(tmp_path, cluster):
     # compared with eager torch on the capturable path, the maths meshrun runs. What is left
     # is rounding (two hosts' half batches averaged, XLA's kernels against torch's CPU ones),
     # which Adam scales to whole steps where a gradient is near zero: eager torch on the full
-    # batch against eager torch on two halves already parts by 1.0e-6. Measured: 4.3e-6.
+    # batch against eager torch on two halves already parts by 1.0e-6. How far XLA's kernels
+    # part from torch's depends on the host CPU (XLA compiles for its vector units): measured
+    # 4.3e-6 on one machine, 1.4e-5 on an AVX-512 one. The bound is a hundredth of the largest
+    # step Adam takes (lr); a tensor read back wrong, or an optimizer state lost, parts by
+    # whole steps.
     _, trained, _ = tm.eager(model, optimizer, gpt.loss_fn, batches, capturable=True)
     diff = weights_differ(trained, tmp_path / "ckpt", gpt.make_model)
-    assert diff <= 1e-5, diff
+    assert diff <= gpt.LR / 100, diff
 
 
 def test_committed_example_trains_like_eager_torch(tmp_path, cluster):
