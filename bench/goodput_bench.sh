@@ -17,6 +17,7 @@
 #   ratio goodput_kill9 <goodput>      (goal >= 0.98)
 #   ratio goodput_sigterm <goodput>    (goal >= 0.99), the last line.
 # Usage: bash bench/goodput_bench.sh <directory of the binaries> <source directory> [steps]
+#   (MODES="clean sigterm" runs only those; clean comes first, for its bias)
 set -euo pipefail
 bin=$1
 src=$2
@@ -71,7 +72,7 @@ run() {
   end_round
 }
 lines=()
-for mode in clean kill9 sigterm; do
+for mode in ${MODES:-clean kill9 sigterm}; do
   read -r goodput span step restarts <<<"$(run $mode)"
   echo "$mode: $restarts restarts, first to last step $span s, median step $step s, goodput $goodput"
   if [ "$mode" = clean ]; then

@@ -28,7 +28,9 @@ class MemoryHolder final : public v1::Worker::CallbackService {
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
-  ~MemoryHolder() override { server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1))); }
+  ~MemoryHolder() override {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
   grpc::ServerWriteReactor<v1::MemoryCheckpointPiece>* FetchMemoryCheckpoint(
       grpc::CallbackServerContext*, const v1::FetchMemoryCheckpointRequest* request) override {
     return ServeMemoryCheckpoint(store.Copies(request->job_id(), request->step()), *request);

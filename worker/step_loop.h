@@ -208,9 +208,9 @@ class StepLoop {
     int64_t checkpoint_every = 0;
     // In-memory checkpoints (worker/memory_checkpoints.h): after every N-th step but the last,
     // and after the step a preemption saves (then stops at), before `checkpoint` on a step that
-    // has both; 0 or an empty hook = none. In mode B also
-    // when the gradient reduction fails (a host replica lost mid-step): the state is then still
-    // the last completed step's, so the restart re-runs nothing.
+    // has both; 0 or an empty hook = none. In mode B also when the gradient reduction fails (a
+    // host replica lost mid-step): the state is then still the last completed step's, so the
+    // restart re-runs nothing.
     CheckpointHook memory_checkpoint;
     int64_t memory_checkpoint_every = 0;
     RunSpec spec;
