@@ -330,12 +330,15 @@ StepLoop::AfterStep StepLoop::DecideAfterStep(int64_t s) {
   return after;
 }
 
+int64_t StepLoop::BatchesThrough(int64_t s) const {
+  return s * (config_.grad != nullptr ? config_.spec.grad_accumulation : 1);
+}
+
 void StepLoop::FinishStep(int64_t s, AfterStep after) {
-  const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
   if (after.memory) TakeMemoryCheckpoint(s);
   if (after.checkpoint) {
     const absl::Time start = config_.clock->Now();
-    config_.checkpoint(s, state_, partitions_, s * micro);
+    config_.checkpoint(s, state_, partitions_, BatchesThrough(s));
     metrics_->AddTime(kCheckpointBlockingTime, config_.clock->Now() - start);
   }
   if (after.stop) Cancel();
@@ -349,9 +352,8 @@ void StepLoop::KeepStateInMemory(int64_t s) {
 }
 
 void StepLoop::TakeMemoryCheckpoint(int64_t s) {
-  const int64_t micro = config_.grad != nullptr ? config_.spec.grad_accumulation : 1;
   const absl::Time start = config_.clock->Now();
-  config_.memory_checkpoint(s, state_, partitions_, s * micro);
+  config_.memory_checkpoint(s, state_, partitions_, BatchesThrough(s));
   metrics_->AddTime(kMemoryCheckpointTime, config_.clock->Now() - start);
 }
 

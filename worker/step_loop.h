@@ -297,6 +297,8 @@ class StepLoop {
   void KeepStateInMemory(int64_t s);
   // Calls memory_checkpoint with state_ as step `s`'s, timed.
   void TakeMemoryCheckpoint(int64_t s);
+  // The batches consumed through step `s` (mode B: micro-batches): its data position.
+  int64_t BatchesThrough(int64_t s) const;
   // After step `s`'s program ran (from `start`, launched at `launched`, having waited
   // `data_wait` for its batches): records its metrics and, on a logging step, emits its
   // telemetry. A telemetry error still counts the step completed.
