@@ -14,6 +14,7 @@
 #include "jobspec/job_validation.h"
 #include "jobspec/memory_tier.h"
 #include "coordinator/mesh_planner.h"
+#include "coordinator/start_job_manifest.h"
 #include "jobspec/spec_limits.h"
 #include "rpc/channel_health.h"
 #include "coordinator_service/registry_proto.h"
@@ -235,32 +236,38 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     for (const WorkerInfo& host : assigned.hosts) names.push_back(host.host);
     config_.progress->StartJob(job_id, names);
   }
-  v1::StartJobRequest request;
-  request.set_job_id(job_id);
-  *request.mutable_manifest() = std::move(job);
-  if (config_.progress != nullptr) {
-    request.set_hang_timeout_millis(absl::ToInt64Milliseconds(config_.progress->hang_timeout()));
-  }
-  // A program spanning hosts: each host learns where its ring predecessor serves, to copy its
+  const int64_t hang_timeout_millis =
+      config_.progress != nullptr ? absl::ToInt64Milliseconds(config_.progress->hang_timeout())
+                                  : 0;
+  // Each host gets the job's shared parts and its own entries (coordinator/start_job_manifest.h)
+  // and, for a program spanning hosts, where its ring predecessor serves, to copy its
   // in-memory checkpoints.
+  const coordinator::StartJobManifests manifests(job);
+  const std::vector<std::string> ring = jobspec::RingHosts(job.mesh());
   std::map<std::string, std::string> address_of;
   for (const WorkerInfo& host : assigned.hosts) address_of[host.host] = host.address;
+  std::map<std::string, std::string> peer_address;  // host -> its predecessor's address
+  for (size_t r = 0; r < ring.size(); ++r) {
+    const std::string& predecessor = ring[r == 0 ? ring.size() - 1 : r - 1];
+    if (auto address = address_of.find(predecessor); address != address_of.end()) {
+      peer_address[ring[r]] = address->second;
+    }
+  }
   // Every host at once (bounded): the launch costs the slowest StartJob, not their sum.
   std::vector<absl::Status> started(assigned.hosts.size());
   RunConcurrently(assigned.hosts.size(), [&](size_t i) {
+    const std::string& host = assigned.hosts[i].host;
+    v1::StartJobRequest request;
+    request.set_job_id(job_id);
+    *request.mutable_manifest() = manifests.ForHost(host);
+    request.set_hang_timeout_millis(hang_timeout_millis);
+    if (auto peer = peer_address.find(host); peer != peer_address.end()) {
+      request.set_ring_peer_address(peer->second);
+    }
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
-    const v1::StartJobRequest* sent = &request;
-    v1::StartJobRequest with_peer;  // a copy only for a host that has a ring peer
-    const std::string peer =
-        jobspec::RingPredecessor(request.manifest().mesh(), assigned.hosts[i].host);
-    if (auto address = address_of.find(peer); !peer.empty() && address != address_of.end()) {
-      with_peer = request;
-      with_peer.set_ring_peer_address(address->second);
-      sent = &with_peer;
-    }
-    started[i] = FromGrpcStatus(
-        WorkerStub(assigned.hosts[i]).StartJob(context.get(), *sent, &response));
+    started[i] =
+        FromGrpcStatus(WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
   });
   for (size_t i = 0; i < started.size(); ++i) {  // the first host, in mesh order, that failed
     if (started[i].ok()) continue;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
@@ -54,8 +55,9 @@ std::vector<int64_t> PartitionsOf(const v1::MeshAssignment& mesh, const std::str
 
 std::vector<std::string> RingHosts(const v1::MeshAssignment& mesh) {
   std::vector<std::string> hosts;
+  std::set<std::string_view> seen;  // a set, not a scan of `hosts`: O(D log N) at 1024 hosts
   for (const std::string& host : mesh.device_hosts()) {
-    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
+    if (seen.insert(host).second) hosts.push_back(host);
   }
   if (hosts.size() < 2) hosts.clear();
   return hosts;

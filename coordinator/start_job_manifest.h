@@ -1,0 +1,36 @@
+// What one host's StartJob carries of its job's manifest (issue 30). The job table's manifest
+// grows with the hosts a job spans (an incarnation, runtime version, slice and megascale
+// settings per host; the hosts of each earlier run) and with its history (checkpoint records,
+// stragglers, goodput), but a worker reads only its own entries and the job's shared parts:
+// job_id, spec, mesh, program_fingerprints, data_receipt, memory_restore, the count of earlier
+// runs, and its own host_incarnations entry (worker_service/worker_job_start.cc,
+// worker_checkpoints.cc). Sending each host the whole manifest made a launch's bytes grow as
+// N²; this keeps the per-host part constant. The mesh's device lists are still O(devices).
+//
+// Lifetime: holds a copy of what it needs of the job. Thread-safety: ForHost is const and may
+// be called concurrently.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "meshrun/v1/job.pb.h"
+
+namespace meshrun::coordinator {
+
+class StartJobManifests {
+ public:
+  explicit StartJobManifests(const v1::JobManifest& job);
+
+  // The manifest `host` gets: the shared parts plus its own entries.
+  v1::JobManifest ForHost(const std::string& host) const;
+
+ private:
+  v1::JobManifest shared_;  // the job less every per-host entry and its history
+  google::protobuf::Map<std::string, std::string> incarnations_;
+  google::protobuf::Map<std::string, std::string> runtime_versions_;
+  google::protobuf::Map<std::string, int32_t> slices_;
+  std::map<std::string, v1::HostEnvironment> megascale_;
+};
+
+}  // namespace meshrun::coordinator

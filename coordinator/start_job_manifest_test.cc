@@ -1,0 +1,74 @@
+#include "coordinator/start_job_manifest.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun::coordinator {
+namespace {
+
+// A job across `hosts` hosts with every per-host entry the job table keeps, and a history.
+v1::JobManifest JobAcross(int hosts) {
+  v1::JobManifest job;
+  job.set_job_id("job-7");
+  job.mutable_spec()->set_steps(100);
+  job.mutable_mesh()->add_axis_names("data");
+  job.mutable_mesh()->add_shape(hosts);
+  (*job.mutable_program_fingerprints())["step"] = "ab12";
+  job.mutable_data_receipt()->set_sha256("cd34");
+  for (int h = 0; h < hosts; ++h) {
+    const std::string host = absl::StrCat("host-", h);
+    (*job.mutable_host_incarnations())[host] = absl::StrCat("incarnation-", h);
+    (*job.mutable_host_runtime_versions())[host] = "tpu 0.0.30";
+    (*job.mutable_mesh()->mutable_host_slices())[host] = h % 2;
+    v1::HostEnvironment* environment = job.mutable_mesh()->add_megascale();
+    environment->set_host(host);
+    environment->add_variables(absl::StrCat("MEGASCALE_SLICE_ID=", h % 2));
+    job.add_straggler_hosts(host);
+  }
+  for (int run = 0; run < 2; ++run) {
+    v1::JobAttempt* attempt = job.add_attempts();
+    attempt->set_cause("host-1 lost");
+    for (int h = 0; h < hosts; ++h) attempt->add_hosts(absl::StrCat("host-", h));
+  }
+  job.add_checkpoints()->set_step(50);
+  job.mutable_memory_restore()->set_step(40);
+  return job;
+}
+
+TEST(StartJobManifestsTest, AHostGetsTheSharedPartsAndOnlyItsOwnEntries) {
+  const v1::JobManifest job = JobAcross(3);
+  const v1::JobManifest sent = StartJobManifests(job).ForHost("host-1");
+  EXPECT_EQ(sent.job_id(), "job-7");
+  EXPECT_EQ(sent.spec().steps(), 100);
+  EXPECT_EQ(sent.mesh().shape(0), 3);
+  EXPECT_EQ(sent.program_fingerprints().at("step"), "ab12");
+  EXPECT_EQ(sent.data_receipt().sha256(), "cd34");
+  EXPECT_EQ(sent.memory_restore().step(), 40);
+  ASSERT_EQ(sent.host_incarnations_size(), 1);
+  EXPECT_EQ(sent.host_incarnations().at("host-1"), "incarnation-1");
+  ASSERT_EQ(sent.host_runtime_versions_size(), 1);
+  ASSERT_EQ(sent.mesh().host_slices_size(), 1);
+  EXPECT_EQ(sent.mesh().host_slices().at("host-1"), 1);
+  ASSERT_EQ(sent.mesh().megascale_size(), 1);
+  EXPECT_EQ(sent.mesh().megascale(0).variables(0), "MEGASCALE_SLICE_ID=1");
+  // The worker numbers its run by the earlier runs' count; their contents stay here.
+  ASSERT_EQ(sent.attempts_size(), 2);
+  EXPECT_EQ(sent.attempts(0).hosts_size(), 0);
+  EXPECT_EQ(sent.checkpoints_size(), 0);
+  EXPECT_EQ(sent.straggler_hosts_size(), 0);
+  // A host the job does not name gets the shared parts alone.
+  EXPECT_EQ(StartJobManifests(job).ForHost("elsewhere").host_incarnations_size(), 0);
+}
+
+TEST(StartJobManifestsTest, WhatAHostGetsDoesNotGrowWithTheHostCount) {
+  // Without the mesh's device lists (one entry per device), the bytes are the same at 8 and
+  // at 1024 hosts but for the digits of the mesh size.
+  const size_t small = StartJobManifests(JobAcross(8)).ForHost("host-3").ByteSizeLong();
+  const size_t large = StartJobManifests(JobAcross(1024)).ForHost("host-3").ByteSizeLong();
+  EXPECT_LE(large, small + 4);
+  EXPECT_LT(large, JobAcross(1024).ByteSizeLong() / 100);
+}
+
+}  // namespace
+}  // namespace meshrun::coordinator
