@@ -1,5 +1,9 @@
 #include "coordinator/start_job_manifest.h"
 
+#include <algorithm>
+
+#include "jobspec/memory_tier.h"
+
 namespace meshrun::coordinator {
 
 StartJobManifests::StartJobManifests(const v1::JobManifest& job) : shared_(job) {
@@ -11,6 +15,15 @@ StartJobManifests::StartJobManifests(const v1::JobManifest& job) : shared_(job) 
     megascale_[environment.host()] = std::move(environment);
   }
   mesh.clear_megascale();
+  const std::vector<std::string> ring = jobspec::RingHosts(mesh);
+  if (!ring.empty()) {
+    for (int p = 0; p < mesh.device_hosts_size(); ++p) positions_[mesh.device_hosts(p)].push_back(p);
+    for (size_t r = 0; r < ring.size(); ++r) {
+      predecessor_[ring[r]] = ring[r == 0 ? ring.size() - 1 : r - 1];
+    }
+    devices_.mutable_device_ids()->Swap(mesh.mutable_device_ids());
+    devices_.mutable_device_hosts()->Swap(mesh.mutable_device_hosts());
+  }
   // The run history: a worker needs only the count of earlier runs (its attempt number).
   for (v1::JobAttempt& attempt : *shared_.mutable_attempts()) attempt.Clear();
   shared_.clear_checkpoints();
@@ -32,6 +45,18 @@ v1::JobManifest StartJobManifests::ForHost(const std::string& host) const {
   }
   if (auto it = megascale_.find(host); it != megascale_.end()) {
     *out.mutable_mesh()->add_megascale() = it->second;
+  }
+  if (auto own = positions_.find(host); own != positions_.end()) {
+    std::vector<int> positions = own->second;
+    const std::vector<int>& peer = positions_.at(predecessor_.at(host));
+    positions.insert(positions.end(), peer.begin(), peer.end());
+    std::sort(positions.begin(), positions.end());  // mesh order, as RingHosts reads it
+    v1::MeshAssignment& mesh = *out.mutable_mesh();
+    for (int p : positions) {
+      mesh.add_device_ids(devices_.device_ids(p));
+      mesh.add_device_hosts(devices_.device_hosts(p));
+      mesh.add_partitions(p);
+    }
   }
   return out;
 }

@@ -5,7 +5,10 @@
 // job_id, spec, mesh, program_fingerprints, data_receipt, memory_restore, the count of earlier
 // runs, and its own host_incarnations entry (worker_service/worker_job_start.cc,
 // worker_checkpoints.cc). Sending each host the whole manifest made a launch's bytes grow as
-// N²; this keeps the per-host part constant. The mesh's device lists are still O(devices).
+// N²; this keeps the per-host part constant. For the same reason a mesh that spans hosts is
+// sent as that host's devices and its ring predecessor's only, each with its mesh position
+// (MeshAssignment.partitions): what the worker's PartitionsOf and RingPredecessor read
+// (jobspec/memory_tier.h). Host replicas (CPU) get their mesh as it is.
 //
 // Lifetime: holds a copy of what it needs of the job. Thread-safety: ForHost is const and may
 // be called concurrently.
@@ -13,6 +16,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "meshrun/v1/job.pb.h"
 
@@ -31,6 +35,9 @@ class StartJobManifests {
   google::protobuf::Map<std::string, std::string> runtime_versions_;
   google::protobuf::Map<std::string, int32_t> slices_;
   std::map<std::string, v1::HostEnvironment> megascale_;
+  v1::MeshAssignment devices_;  // the mesh's device lists, when the mesh spans hosts
+  std::map<std::string, std::vector<int>> positions_;  // host -> its mesh positions, in order
+  std::map<std::string, std::string> predecessor_;     // host -> its ring predecessor
 };
 
 }  // namespace meshrun::coordinator

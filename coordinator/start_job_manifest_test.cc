@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "jobspec/memory_tier.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -13,11 +14,15 @@ v1::JobManifest JobAcross(int hosts) {
   job.set_job_id("job-7");
   job.mutable_spec()->set_steps(100);
   job.mutable_mesh()->add_axis_names("data");
-  job.mutable_mesh()->add_shape(hosts);
+  job.mutable_mesh()->add_shape(2 * hosts);
   (*job.mutable_program_fingerprints())["step"] = "ab12";
   job.mutable_data_receipt()->set_sha256("cd34");
   for (int h = 0; h < hosts; ++h) {
     const std::string host = absl::StrCat("host-", h);
+    for (int d = 0; d < 2; ++d) {  // two devices each, in mesh order
+      job.mutable_mesh()->add_device_ids(2 * h + d);
+      job.mutable_mesh()->add_device_hosts(host);
+    }
     (*job.mutable_host_incarnations())[host] = absl::StrCat("incarnation-", h);
     (*job.mutable_host_runtime_versions())[host] = "tpu 0.0.30";
     (*job.mutable_mesh()->mutable_host_slices())[host] = h % 2;
@@ -41,7 +46,7 @@ TEST(StartJobManifestsTest, AHostGetsTheSharedPartsAndOnlyItsOwnEntries) {
   const v1::JobManifest sent = StartJobManifests(job).ForHost("host-1");
   EXPECT_EQ(sent.job_id(), "job-7");
   EXPECT_EQ(sent.spec().steps(), 100);
-  EXPECT_EQ(sent.mesh().shape(0), 3);
+  EXPECT_EQ(sent.mesh().shape(0), 6);
   EXPECT_EQ(sent.program_fingerprints().at("step"), "ab12");
   EXPECT_EQ(sent.data_receipt().sha256(), "cd34");
   EXPECT_EQ(sent.memory_restore().step(), 40);
@@ -61,9 +66,29 @@ TEST(StartJobManifestsTest, AHostGetsTheSharedPartsAndOnlyItsOwnEntries) {
   EXPECT_EQ(StartJobManifests(job).ForHost("elsewhere").host_incarnations_size(), 0);
 }
 
+TEST(StartJobManifestsTest, AHostsMeshNamesItsDevicesAndItsRingPredecessorsByPosition) {
+  const v1::JobManifest job = JobAcross(3);  // devices of host-0, host-1, host-2 in mesh order
+  const StartJobManifests manifests(job);
+  const v1::MeshAssignment first = manifests.ForHost("host-0").mesh();
+  EXPECT_EQ(std::vector<int>(first.partitions().begin(), first.partitions().end()),
+            (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(std::vector<int>(first.device_ids().begin(), first.device_ids().end()),
+            (std::vector<int>{0, 1, 4, 5}));
+  // What the worker reads off it is what it would read off the whole mesh.
+  for (const std::string host : {"host-0", "host-1", "host-2"}) {
+    const v1::MeshAssignment view = manifests.ForHost(host).mesh();
+    EXPECT_EQ(jobspec::PartitionsOf(view, host), jobspec::PartitionsOf(job.mesh(), host)) << host;
+    EXPECT_EQ(jobspec::RingPredecessor(view, host), jobspec::RingPredecessor(job.mesh(), host))
+        << host;
+  }
+  // One host's mesh is sent as it is: there is no ring.
+  v1::JobManifest alone = JobAcross(1);
+  EXPECT_EQ(StartJobManifests(alone).ForHost("host-0").mesh().device_ids_size(), 2);
+  EXPECT_EQ(StartJobManifests(alone).ForHost("host-0").mesh().partitions_size(), 0);
+}
+
 TEST(StartJobManifestsTest, WhatAHostGetsDoesNotGrowWithTheHostCount) {
-  // Without the mesh's device lists (one entry per device), the bytes are the same at 8 and
-  // at 1024 hosts but for the digits of the mesh size.
+  // The bytes are the same at 8 and at 1024 hosts but for the digits of the mesh size.
   const size_t small = StartJobManifests(JobAcross(8)).ForHost("host-3").ByteSizeLong();
   const size_t large = StartJobManifests(JobAcross(1024)).ForHost("host-3").ByteSizeLong();
   EXPECT_LE(large, small + 4);

@@ -48,7 +48,9 @@ absl::StatusOr<int64_t> OwnBlockBytes(const v1::JobSpec& spec, const v1::MeshAss
 std::vector<int64_t> PartitionsOf(const v1::MeshAssignment& mesh, const std::string& host) {
   std::vector<int64_t> partitions;
   for (int p = 0; p < mesh.device_ids_size(); ++p) {
-    if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) partitions.push_back(p);
+    if (mesh.device_hosts_size() == 0 || mesh.device_hosts(p) == host) {
+      partitions.push_back(mesh.partitions_size() > 0 ? mesh.partitions(p) : p);
+    }
   }
   return partitions;
 }

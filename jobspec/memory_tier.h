@@ -20,13 +20,15 @@ namespace meshrun::jobspec {
 inline constexpr int kMemoryCheckpointsKept = 2;
 
 // The mesh partitions (indices in mesh order) `host` runs: all of them for a host replica or a
-// one-host mesh, else those whose device is on `host`.
+// one-host mesh, else those whose device is on `host`. Also on the part of a mesh one host's
+// StartJob carries (MeshAssignment.partitions), which names that host and its ring predecessor.
 std::vector<int64_t> PartitionsOf(const v1::MeshAssignment& mesh, const std::string& host);
 
 // The hosts one SPMD program spans, in mesh order (empty for host replicas and one-host meshes,
 // where every host holds the whole state). Each keeps a copy of its ring predecessor's blocks.
 std::vector<std::string> RingHosts(const v1::MeshAssignment& mesh);
-// `host`'s ring predecessor; empty when the program does not span hosts.
+// `host`'s ring predecessor; empty when the program does not span hosts. On the mesh a host's
+// StartJob carries, which holds just the two of them, the other one.
 std::string RingPredecessor(const v1::MeshAssignment& mesh, const std::string& host);
 
 // Bytes `host` keeps for `spec`'s in-memory checkpoints on `mesh`: kMemoryCheckpointsKept steps

@@ -125,6 +125,10 @@ struct RunSpec {
   // Global device id of each mesh partition, in partition order. Empty: the step executable's
   // devices are partitions 0..n-1 in order (a single-host job).
   std::vector<int64_t> device_ids;
+  // The mesh partition of each device_ids entry when device_ids names only some devices (the
+  // mesh a host's StartJob carries: MeshAssignment.partitions). Empty: device_ids[p] is
+  // partition p's.
+  std::vector<int64_t> device_partitions;
   // Per batch input (step inputs num_state..end; mode B: grad inputs num_state + num_grad_acc..
   // end): mesh axis per dimension, "" = not split.
   std::vector<std::vector<std::string>> batch_sharding;

@@ -125,7 +125,13 @@ absl::StatusOr<std::vector<int64_t>> PartitionsOf(
     }
     for (size_t p = 0; p < devices.size(); ++p) partitions.push_back(static_cast<int64_t>(p));
   } else {
-    if (mesh_size != static_cast<int64_t>(spec.device_ids.size())) {
+    const bool some = !spec.device_partitions.empty();
+    if (some && spec.device_partitions.size() != spec.device_ids.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_ids names ", spec.device_ids.size(), " devices but device_partitions ",
+          spec.device_partitions.size()));
+    }
+    if (!some && mesh_size != static_cast<int64_t>(spec.device_ids.size())) {
       return absl::InvalidArgumentError(absl::StrCat("the mesh has ", mesh_size,
                                                      " partitions, device_ids names ",
                                                      spec.device_ids.size()));
@@ -138,7 +144,14 @@ absl::StatusOr<std::vector<int64_t>> PartitionsOf(
             "device ", addressable[d].runtime_name, " (global id ", addressable[d].global_id,
             ") runs the step but is not in the job's device_ids"));
       }
-      partitions.push_back(it - spec.device_ids.begin());
+      const int64_t index = it - spec.device_ids.begin();
+      const int64_t partition = some ? spec.device_partitions[index] : index;
+      if (partition < 0 || partition >= mesh_size) {
+        return absl::InvalidArgumentError(absl::StrCat("device ", addressable[d].runtime_name,
+                                                       " is given partition ", partition,
+                                                       " of a mesh of ", mesh_size));
+      }
+      partitions.push_back(partition);
     }
   }
   return partitions;

@@ -235,6 +235,7 @@ absl::StatusOr<worker::RunSpec> RunSpecOf(const v1::JobManifest& manifest, const
                       .mesh_axes = {mesh.axis_names().begin(), mesh.axis_names().end()},
                       .mesh_shape = {mesh.shape().begin(), mesh.shape().end()},
                       .device_ids = {mesh.device_ids().begin(), mesh.device_ids().end()},
+                      .device_partitions = {mesh.partitions().begin(), mesh.partitions().end()},
                       .telemetry_cadence = spec.telemetry_cadence(),
                       .steps = spec.steps(),
                       .replica_count = mesh.shape_size() > 0 ? mesh.shape(0) : 1,
