@@ -27,7 +27,8 @@ absl::Status CheckStepRange(const RunSpec& spec);
 // The programs against each other and the spec: mode B's accumulators out of grad and apply,
 // the state count, one set of devices, the init program's seed. Errors: INVALID_ARGUMENT.
 absl::Status CheckPrograms(const StepLoop::Config& config, bool mode_b);
-// Each local device's mesh partition, from the job's device_ids (or device order without them).
+// Each local device's mesh partition, from the job's device_ids (with device_partitions when
+// they name only some devices; device order without them).
 // Errors: INVALID_ARGUMENT when the mesh does not match the devices the step runs on.
 absl::StatusOr<std::vector<int64_t>> PartitionsOf(
     const RunSpec& spec, const std::vector<int>& devices,
