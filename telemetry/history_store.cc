@@ -324,30 +324,58 @@ absl::StatusOr<int64_t> HistoryStore::AppendHost(const v1::HostSummary& summary)
     return absl::InvalidArgumentError(absl::StrCat("step ", summary.step(), " of job ",
                                                    summary.job_id(), " must be >= 1"));
   }
-  absl::MutexLock l(&mu_);
-  int64_t persisted = 0;
-  RETURN_IF_ERROR(TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    RETURN_IF_ERROR(EnsureJobLocked(summary.job_id()));
+  HostAppend mine{.summary = &summary};
+  absl::MutexLock queue(&appends_mu_);
+  appends_.push_back(&mine);
+  while (true) {
+    auto done_or_free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(appends_mu_) {
+      return mine.done || !committing_;
+    };
+    appends_mu_.Await(absl::Condition(&done_or_free));
+    if (mine.done) return mine.persisted;
+    // No commit under way: this caller commits everything queued, its own summary included.
+    committing_ = true;
+    std::vector<HostAppend*> batch;
+    batch.swap(appends_);
+    appends_mu_.Unlock();
     {
-      ASSIGN_OR_RETURN(
-          Stmt stmt,
-          Stmt::Cached(db_, statements_,
-                       "SELECT 1 FROM host_summaries WHERE job_id = ?1 AND step = ?2 "
-                       "AND host = ?3"));
-      ASSIGN_OR_RETURN(bool exists,
-                       stmt.Bind(1, summary.job_id()).Bind(2, summary.step())
-                           .Bind(3, summary.host()).Step());
-      if (!exists) RETURN_IF_ERROR(PutHostLocked(summary, kUnknownHostIndex));
+      absl::MutexLock l(&mu_);
+      CommitHostsLocked(batch);
     }
-    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
-                                             "SELECT persisted_through_step FROM "
-                                             "host_progress WHERE job_id = ?1 AND "
-                                             "host = ?2"));
-    ASSIGN_OR_RETURN(bool row, stmt.Bind(1, summary.job_id()).Bind(2, summary.host()).Step());
-    persisted = row ? stmt.Int(0) : summary.step();
+    appends_mu_.Lock();
+    for (HostAppend* append : batch) append->done = true;
+    committing_ = false;
+  }
+}
+
+void HistoryStore::CommitHostsLocked(const std::vector<HostAppend*>& batch) {
+  absl::Status committed = TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (HostAppend* append : batch) {
+      const v1::HostSummary& summary = *append->summary;
+      RETURN_IF_ERROR(EnsureJobLocked(summary.job_id()));
+      {
+        ASSIGN_OR_RETURN(
+            Stmt stmt,
+            Stmt::Cached(db_, statements_,
+                         "SELECT 1 FROM host_summaries WHERE job_id = ?1 AND step = ?2 "
+                         "AND host = ?3"));
+        ASSIGN_OR_RETURN(bool exists,
+                         stmt.Bind(1, summary.job_id()).Bind(2, summary.step())
+                             .Bind(3, summary.host()).Step());
+        if (!exists) RETURN_IF_ERROR(PutHostLocked(summary, kUnknownHostIndex));
+      }
+      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
+                                               "SELECT persisted_through_step FROM "
+                                               "host_progress WHERE job_id = ?1 AND "
+                                               "host = ?2"));
+      ASSIGN_OR_RETURN(bool row, stmt.Bind(1, summary.job_id()).Bind(2, summary.host()).Step());
+      append->persisted = row ? stmt.Int(0) : summary.step();
+    }
     return absl::OkStatus();
-  }));
-  return persisted;
+  });
+  if (!committed.ok()) {
+    for (HostAppend* append : batch) append->persisted = committed;
+  }
 }
 
 absl::StatusOr<int64_t> HistoryStore::LatestStep(const std::string& job_id) const {

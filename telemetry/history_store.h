@@ -135,7 +135,10 @@ class HistoryStore {
 
   // Commits one host summary (ignored when that job/step/host is already stored) and returns
   // the host's persisted_through_step: the highest step of that host committed for the job.
-  // Registers the job when new. Errors: INVALID_ARGUMENT (empty job_id or host, step < 1).
+  // Registers the job when new. Group commit: the summaries of concurrent callers go into one
+  // transaction (one fsync), led by whichever caller finds none under way; each returns once
+  // its own is committed. Errors: INVALID_ARGUMENT (empty job_id or host, step < 1); a failed
+  // transaction's, for every summary in it.
   absl::StatusOr<int64_t> AppendHost(const v1::HostSummary& summary);
 
   // Global summaries of a job with step >= since_step, in step order, at most `limit`.
@@ -221,6 +224,15 @@ class HistoryStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PutHostLocked(const v1::HostSummary& summary, int64_t host_index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A host summary waiting for AppendHost's group commit, on its caller's stack.
+  struct HostAppend {
+    const v1::HostSummary* summary;
+    absl::StatusOr<int64_t> persisted = int64_t{0};
+    bool done = false;
+  };
+  // Commits `batch` in one transaction and sets each entry's `persisted` (not `done`).
+  void CommitHostsLocked(const std::vector<HostAppend*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` in one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
   template <typename Body>
   absl::Status TransactionLocked(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -232,6 +244,10 @@ class HistoryStore {
   // small statements of each append.
   std::map<std::string, history_internal::CachedStatement> statements_
       ABSL_GUARDED_BY(mu_);
+  // AppendHost's queue: taken before mu_, by a leader only while no commit is under way.
+  absl::Mutex appends_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<HostAppend*> appends_ ABSL_GUARDED_BY(appends_mu_);
+  bool committing_ ABSL_GUARDED_BY(appends_mu_) = false;
 };
 
 }  // namespace meshrun::telemetry

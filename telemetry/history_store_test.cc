@@ -6,13 +6,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace meshrun::telemetry {
 namespace {
@@ -208,6 +212,40 @@ TEST_F(HistoryStoreTest, HostSummariesAndProgress) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->AppendHost(Host("job-1", 1, "", 1)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Many hosts' upload streams append at once (group commit): each caller gets its own host's
+// progress, every summary is stored once, and a resent one still keeps the first copy.
+TEST_F(HistoryStoreTest, ConcurrentHostAppendsEachGetTheirOwnProgress) {
+  Open();
+  constexpr int kHosts = 16;
+  constexpr int kSteps = 40;
+  std::vector<std::thread> hosts;
+  std::atomic<int> wrong{0};
+  for (int h = 0; h < kHosts; ++h) {
+    hosts.emplace_back([&, h] {
+      const std::string host = absl::StrCat("h", h);
+      for (int64_t step = 1; step <= kSteps; ++step) {
+        absl::StatusOr<int64_t> persisted =
+            store_->AppendHost(Host("job-1", step, host, static_cast<float>(h)));
+        if (!persisted.ok() || *persisted != step) ++wrong;
+      }
+      // Resent: acknowledged with the host's progress, not stored again.
+      absl::StatusOr<int64_t> again = store_->AppendHost(Host("job-1", 1, host, -1.0f));
+      if (!again.ok() || *again != kSteps) ++wrong;
+    });
+  }
+  for (std::thread& t : hosts) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  Open();  // all of it was committed
+  const std::vector<v1::HostSummary> stored = store_->ReadHostSummaries("job-1", 0).value();
+  ASSERT_EQ(stored.size(), static_cast<size_t>(kHosts * kSteps));
+  for (const v1::HostSummary& summary : stored) {
+    EXPECT_GE(summary.values(0).values(0), 0.0f) << summary.host() << " step " << summary.step();
+  }
+  for (int h = 0; h < kHosts; ++h) {
+    EXPECT_EQ(store_->PersistedThroughStep("job-1", absl::StrCat("h", h)).value(), kSteps);
+  }
 }
 
 // A job restarted from its checkpoint of step 20: what came after it goes, the re-run's values
