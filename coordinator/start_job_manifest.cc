@@ -61,4 +61,9 @@ v1::JobManifest StartJobManifests::ForHost(const std::string& host) const {
   return out;
 }
 
+std::string StartJobManifests::RingPredecessorOf(const std::string& host) const {
+  auto it = predecessor_.find(host);
+  return it == predecessor_.end() ? "" : it->second;
+}
+
 }  // namespace meshrun::coordinator

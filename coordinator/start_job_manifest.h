@@ -28,6 +28,9 @@ class StartJobManifests {
 
   // The manifest `host` gets: the shared parts plus its own entries.
   v1::JobManifest ForHost(const std::string& host) const;
+  // `host`'s ring predecessor (jobspec::RingPredecessor on the whole mesh), worked out once
+  // for every host; empty when the mesh does not span hosts or names no such host.
+  std::string RingPredecessorOf(const std::string& host) const;
 
  private:
   v1::JobManifest shared_;  // the job less every per-host entry and its history

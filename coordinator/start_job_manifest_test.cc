@@ -80,11 +80,14 @@ TEST(StartJobManifestsTest, AHostsMeshNamesItsDevicesAndItsRingPredecessorsByPos
     EXPECT_EQ(jobspec::PartitionsOf(view, host), jobspec::PartitionsOf(job.mesh(), host)) << host;
     EXPECT_EQ(jobspec::RingPredecessor(view, host), jobspec::RingPredecessor(job.mesh(), host))
         << host;
+    EXPECT_EQ(manifests.RingPredecessorOf(host), jobspec::RingPredecessor(job.mesh(), host))
+        << host;
   }
   // One host's mesh is sent as it is: there is no ring.
   v1::JobManifest alone = JobAcross(1);
   EXPECT_EQ(StartJobManifests(alone).ForHost("host-0").mesh().device_ids_size(), 2);
   EXPECT_EQ(StartJobManifests(alone).ForHost("host-0").mesh().partitions_size(), 0);
+  EXPECT_EQ(StartJobManifests(alone).RingPredecessorOf("host-0"), "");
 }
 
 TEST(StartJobManifestsTest, WhatAHostGetsDoesNotGrowWithTheHostCount) {

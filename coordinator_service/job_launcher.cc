@@ -243,16 +243,8 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
   // and, for a program spanning hosts, where its ring predecessor serves, to copy its
   // in-memory checkpoints.
   const coordinator::StartJobManifests manifests(job);
-  const std::vector<std::string> ring = jobspec::RingHosts(job.mesh());
   std::map<std::string, std::string> address_of;
   for (const WorkerInfo& host : assigned.hosts) address_of[host.host] = host.address;
-  std::map<std::string, std::string> peer_address;  // host -> its predecessor's address
-  for (size_t r = 0; r < ring.size(); ++r) {
-    const std::string& predecessor = ring[r == 0 ? ring.size() - 1 : r - 1];
-    if (auto address = address_of.find(predecessor); address != address_of.end()) {
-      peer_address[ring[r]] = address->second;
-    }
-  }
   // Every host at once (bounded): the launch costs the slowest StartJob, not their sum.
   std::vector<absl::Status> started(assigned.hosts.size());
   RunConcurrently(assigned.hosts.size(), [&](size_t i) {
@@ -261,7 +253,8 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     request.set_job_id(job_id);
     *request.mutable_manifest() = manifests.ForHost(host);
     request.set_hang_timeout_millis(hang_timeout_millis);
-    if (auto peer = peer_address.find(host); peer != peer_address.end()) {
+    if (auto peer = address_of.find(manifests.RingPredecessorOf(host));
+        peer != address_of.end()) {
       request.set_ring_peer_address(peer->second);
     }
     v1::StartJobResponse response;
