@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/sha256.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -174,12 +175,8 @@ class FakeFleet::WorkerService final : public v1::Worker::Service {
       bytes += static_cast<int64_t>(chunk.data().size());
     }
     response->set_bytes_received(bytes);
-    {
-      absl::MutexLock lock(&host->mu);
-      host->executables.insert(response->fingerprint());
-    }
-    absl::MutexLock lock(&fleet_->mu_);
-    ++fleet_->figures_.executables_received;
+    absl::MutexLock lock(&host->mu);
+    host->executables.insert(response->fingerprint());
     return grpc::Status::OK;
   }
   grpc::Status StartJob(grpc::ServerContext* context, const v1::StartJobRequest* request,
@@ -308,10 +305,11 @@ absl::Status FakeFleet::Start() {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::RegisterWorkerResponse response;
-    const grpc::Status status = StubFor(i).RegisterWorker(&context, request, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          absl::StrCat("registering ", host.name, ": ", status.error_message()));
+    const absl::Status registered =
+        FromGrpcStatus(StubFor(i).RegisterWorker(&context, request, &response));
+    if (!registered.ok()) {
+      return absl::Status(registered.code(),
+                          absl::StrCat("registering ", host.name, ": ", registered.message()));
     }
     if (response.heartbeat_interval_millis() > 0) {
       heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_millis());
@@ -419,8 +417,6 @@ void FakeFleet::UploadStep(const std::string& job_id, int64_t step) {
     if (host.upload == nullptr) host.upload = std::make_unique<UploadStream>(this, StubFor(i));
     host.upload->Send(std::move(summary));
   }
-  absl::MutexLock lock(&mu_);
-  figures_.summaries_sent += static_cast<int64_t>(hosts_.size());
 }
 
 FakeFleet::Figures FakeFleet::GetFigures() const {

@@ -45,11 +45,9 @@ class FakeFleet {
     int64_t start_job_calls = 0;
     int64_t start_job_bytes = 0;        // serialized StartJobRequests, all hosts
     int64_t start_job_max_bytes = 0;    // the largest one host received
-    int64_t executables_received = 0;
     int64_t heartbeats = 0;             // answered
     int64_t heartbeat_errors = 0;       // refused or failed (a host the coordinator forgot)
     absl::Duration worst_heartbeat;     // longest round trip since ResetHeartbeatFigures
-    int64_t summaries_sent = 0;
     int64_t summaries_refused = 0;      // upload streams the coordinator ended with an error
     std::string last_error;             // the latest of those errors, for a failing test
   };
@@ -74,7 +72,6 @@ class FakeFleet {
 
   Figures GetFigures() const;
   void ResetHeartbeatFigures();
-  int hosts() const { return config_.hosts; }
 
  private:
   class WorkerService;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bundle/job_bundle.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "testing/fake_fleet.h"
@@ -136,10 +137,11 @@ grpc::ClientContext* WithDeadline(grpc::ClientContext& context, absl::Duration t
   return &context;
 }
 
+// The call's status, its error prefixed with the call's name.
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
+  const absl::Status converted = FromGrpcStatus(status);
+  if (converted.ok()) return converted;
+  return absl::Status(converted.code(), absl::StrCat(what, ": ", converted.message()));
 }
 
 // The example job on every device of the fleet: the planner makes the mesh data-parallel over
