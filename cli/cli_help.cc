@@ -27,8 +27,10 @@ const std::vector<Command>& Commands() {
        {}},
       {"workers", "workers", "list the workers: state, runtime, heartbeat age, exclusions",
        "Lists the coordinator's workers with their state, runtime and heartbeat age, and why a "
-       "job's runtime pin excludes a host.",
-       {"job", "expect", "wait"}},
+       "job's runtime pin excludes a host. --state, --slice and --on_job filter them; "
+       "--page_size lists a page at a time and prints the next page's --page_token, then "
+       "the matches by slice (alive, dead, left, devices).",
+       {"job", "state", "slice", "on_job", "page_size", "page_token", "expect", "wait"}},
       {"submit", "submit <bundle>", "submit an exported bundle (its directory or job.json)",
        "Submits a bundle (meshrun.export, meshrun.torch) and prints the job id. With --follow "
        "it waits until the job ends and prints the summary `meshrun get` prints "

@@ -25,13 +25,12 @@
 #include "cli/cli_help.h"
 #include "cli/cli_telemetry.h"
 #include "cli/cli_upload.h"
+#include "cli/cli_workers.h"
 #include "rpc/grpc_probe.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
 #include "runtime/identity.h"
 
-ABSL_FLAG(int, expect, 0,
-          "workers: wait (up to --wait) until at least this many workers are ALIVE");
 ABSL_FLAG(absl::Duration, wait, absl::Seconds(30),
           "workers --expect / submit --follow: how long to wait");
 ABSL_FLAG(int64_t, steps, 100, "submit: training steps");
@@ -49,9 +48,6 @@ ABSL_FLAG(std::string, on_nonfinite, "fail",
           "submit: what a logging step whose loss, grad norm or other scalar series is NaN or "
           "infinite does: fail (stop the job FAILED, naming the step and series; its "
           "checkpoints are kept), warn (go on, marked in the manifest) or ignore");
-ABSL_FLAG(std::string, job, "",
-          "workers: explain exclusions against this job's runtime pin (default: the pin a "
-          "job without one would get)");
 
 namespace meshrun::services {
 namespace {
@@ -84,86 +80,6 @@ int Health(const std::vector<std::string>& args) {
     std::printf("%s\n", health->c_str());
   }
   return *health == "SERVING" ? 0 : 1;
-}
-
-std::string StateName(v1::WorkerState state) {
-  switch (state) {
-    case v1::WORKER_STATE_ALIVE: return "ALIVE";
-    case v1::WORKER_STATE_DEAD: return "DEAD";
-    case v1::WORKER_STATE_LEFT: return "LEFT";
-    default: return "UNKNOWN";
-  }
-}
-
-absl::StatusOr<v1::ListWorkersResponse> ListWorkers(v1::Coordinator::Stub& stub) {
-  v1::ListWorkersResponse response;
-  auto context = ContextWithTimeout(absl::GetFlag(FLAGS_timeout));
-  v1::ListWorkersRequest request;
-  request.set_job_id(absl::GetFlag(FLAGS_job));
-  grpc::Status status = stub.ListWorkers(context.get(), request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
-}
-
-int Workers() {
-  const std::string address = absl::GetFlag(FLAGS_coordinator);
-  if (auto parsed = ParseHostPort("coordinator", address); !parsed.ok()) {
-    ExitWithError(std::string(parsed.status().message()), 2);
-  }
-  auto stub = v1::Coordinator::NewStub(MakeCoordinatorChannel(address));
-  const int expect = absl::GetFlag(FLAGS_expect);
-  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_wait);
-  absl::StatusOr<v1::ListWorkersResponse> workers;
-  while (true) {
-    workers = ListWorkers(*stub);
-    int alive = 0;
-    if (workers.ok()) {
-      for (const auto& w : workers->workers()) alive += w.state() == v1::WORKER_STATE_ALIVE;
-    }
-    if (expect <= 0 || alive >= expect || absl::Now() >= give_up) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  if (!workers.ok()) {
-    ExitWithError(absl::StrCat("cannot list workers of coordinator ", address, ": ",
-                               workers.status().message()), 1);
-  }
-  if (workers->coordinator_insecure()) {
-    std::fprintf(JsonOutput() ? stderr : stdout,  // JSON output stays parseable
-                 "WARNING: the coordinator serves PLAINTEXT beyond loopback (--insecure): "
-                 "anyone who reaches it can run code on the workers; see docs/security.md\n");
-  }
-  int alive = 0;
-  if (JsonOutput()) {
-    PrintJson(*workers);
-    for (const auto& w : workers->workers()) alive += w.state() == v1::WORKER_STATE_ALIVE;
-  } else {
-    std::printf("%-20s %-6s %-22s %-36s %-7s %-9s %s\n", "HOST", "STATE", "ADDRESS", "RUNTIME",
-                "DEVICES", "HEARTBEAT", "NOTE");
-  }
-  const int64_t now_micros = absl::ToUnixMicros(absl::Now());
-  for (const v1::WorkerStatus& w : workers->workers()) {
-    if (JsonOutput()) break;
-    const auto& reg = w.registration();
-    alive += w.state() == v1::WORKER_STATE_ALIVE;
-    const runtime::RuntimeIdentity identity = FromProto(reg.runtime());
-    std::vector<std::string> notes;
-    if (!w.state_reason().empty()) notes.push_back(w.state_reason());
-    if (!w.exclusion_reason().empty()) notes.push_back("excluded: " + w.exclusion_reason());
-    if (reg.insecure()) notes.push_back("PLAINTEXT beyond loopback (--insecure)");
-    if (reg.spare()) notes.push_back("spare");
-    const std::string note = absl::StrJoin(notes, "; ");
-    std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
-                StateName(w.state()).c_str(), reg.address().c_str(),
-                runtime::ToString(identity).c_str(), reg.devices_size(),
-                absl::StrFormat("%.1fs ago",
-                                (now_micros - w.last_heartbeat_unix_micros()) / 1e6).c_str(),
-                note.c_str());
-  }
-  if (expect > 0 && alive < expect) {
-    ExitWithError(absl::StrCat("only ", alive, " of ", expect, " expected workers are ALIVE after ",
-                               absl::FormatDuration(absl::GetFlag(FLAGS_wait))), 1);
-  }
-  return 0;
 }
 
 // The manifest without the programs' tensor lists, which would drown everything else.
@@ -399,7 +315,7 @@ int main(int argc, char** argv) {
   if (command == "certs") return meshrun::services::RunCertsCommand(args);
   if (command == "compile") return meshrun::services::RunCompileCommand(args);
   if (command == "health") return Health(args);
-  if (command == "workers") return Workers();
+  if (command == "workers") return Workers(args);
   if (command == "submit") return Submit(args);
   if (command == "get") return Get(args);
   if (command == "list") return List();

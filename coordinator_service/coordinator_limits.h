@@ -42,7 +42,8 @@ struct CoordinatorLimits {
   absl::Duration worker_forget_after = absl::Hours(1);  // DEAD/LEFT workers leave the registry
   int64_t program_store_bytes = int64_t{16} << 30;       // submitted programs on disk
   // Concurrent telemetry streams: dashboards' WatchTelemetry, workers' UploadTelemetry (one
-  // each, plus a few while a job restarts); 0: unlimited. Past them: RESOURCE_EXHAUSTED.
+  // each, plus a few while a job restarts), and as many workers' StreamHeartbeats; 0:
+  // unlimited. Past them: RESOURCE_EXHAUSTED.
   // Finished jobs leave the job table (and their telemetry history goes) this long after
   // they ended, and past the newest max_finished_jobs; zero: keep. Applied every minute, and
   // within a liveness sweep once the cap is passed by 10%.

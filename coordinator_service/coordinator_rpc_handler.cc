@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "checkpoint/store.h"
 #include "common/background_tasks.h"
 #include "common/grpc_status.h"
+#include "common/natural_order.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
 #include "coordinator/goodput.h"
@@ -76,12 +78,56 @@ absl::Status CoordinatorRpcHandler::DeregisterWorker(const v1::DeregisterWorkerR
   return absl::OkStatus();
 }
 
+namespace {
+
+// A ListWorkers page token: the last worker of the page, as "<slice>/<host>" (the order List
+// gives: by slice, then host name in natural order).
+std::string WorkerPageToken(const coordinator::WorkerEntry& last) {
+  return absl::StrCat(last.info.slice_id, "/", last.info.host);
+}
+
+// Whether `entry` comes after the worker `token` names, in List's order.
+absl::StatusOr<std::function<bool(const coordinator::WorkerEntry&)>> AfterPageToken(
+    const std::string& token) {
+  const size_t slash = token.find('/');
+  int slice = 0;
+  if (slash == std::string::npos || !absl::SimpleAtoi(token.substr(0, slash), &slice)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token \"", token, "\" is not one this coordinator gave; pass the previous page's "
+        "next_page_token, or none for the first page"));
+  }
+  return [slice, host = token.substr(slash + 1)](const coordinator::WorkerEntry& entry) {
+    if (entry.info.slice_id != slice) return entry.info.slice_id > slice;
+    return NaturalLess(host, entry.info.host);
+  };
+}
+
+}  // namespace
+
 absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest& request,
                                                 v1::ListWorkersResponse* response) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size ", request.page_size(), " is negative; pass 0 for every worker at once"));
+  }
+  if (!v1::WorkerState_IsValid(request.state())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state ", request.state(), " is no WorkerState; pass ALIVE, DEAD, LEFT or UNSPECIFIED"));
+  }
   runtime::RuntimeIdentity pin;
   if (!request.job_id().empty()) {
     ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.job_id()));
     pin = FromProto(job.has_runtime() ? job.runtime() : job.spec().runtime_pin());
+  }
+  std::set<std::string> on_job;  // the hosts on_job_id's mesh places it on
+  if (!request.on_job_id().empty()) {
+    ASSIGN_OR_RETURN(v1::JobManifest job, jobs_->Get(request.on_job_id()));
+    on_job.insert(job.mesh().device_hosts().begin(), job.mesh().device_hosts().end());
+    on_job.insert(job.mesh().replica_hosts().begin(), job.mesh().replica_hosts().end());
+  }
+  std::function<bool(const coordinator::WorkerEntry&)> after_token;
+  if (!request.page_token().empty()) {
+    ASSIGN_OR_RETURN(after_token, AfterPageToken(request.page_token()));
   }
   const std::vector<coordinator::WorkerEntry> entries = registry_->List();
   std::vector<coordinator::WorkerInfo> alive;
@@ -92,7 +138,31 @@ absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest& re
   for (const coordinator::HostExclusion& e : coordinator::PinRuntime(alive, pin).excluded) {
     excluded[e.host] = e.reason;
   }
+  std::map<int, v1::SliceWorkers> slices;
+  int matches = 0;
+  const coordinator::WorkerEntry* last_listed = nullptr;
   for (const coordinator::WorkerEntry& entry : entries) {
+    if (request.state() != v1::WORKER_STATE_UNSPECIFIED && ToProto(entry.state) != request.state()) {
+      continue;
+    }
+    if (request.has_slice_id() && entry.info.slice_id != request.slice_id()) continue;
+    if (!request.on_job_id().empty() && !on_job.contains(entry.info.host)) continue;
+    ++matches;
+    v1::SliceWorkers& slice = slices[entry.info.slice_id];
+    slice.set_slice_id(entry.info.slice_id);
+    switch (entry.state) {
+      case coordinator::WorkerState::kAlive:
+        slice.set_alive(slice.alive() + 1);
+        slice.set_alive_devices(slice.alive_devices() + entry.info.devices.size());
+        break;
+      case coordinator::WorkerState::kDead: slice.set_dead(slice.dead() + 1); break;
+      case coordinator::WorkerState::kLeft: slice.set_left(slice.left() + 1); break;
+    }
+    if (after_token && !after_token(entry)) continue;  // on an earlier page
+    if (request.page_size() > 0 && response->workers_size() == request.page_size()) {
+      response->set_next_page_token(WorkerPageToken(*last_listed));
+      continue;
+    }
     v1::WorkerStatus* status = response->add_workers();
     *status->mutable_registration() = ToProto(entry.info);
     status->set_state(ToProto(entry.state));
@@ -100,7 +170,10 @@ absl::Status CoordinatorRpcHandler::ListWorkers(const v1::ListWorkersRequest& re
     status->set_state_reason(entry.state_reason);
     auto reason = excluded.find(entry.info.host);
     if (reason != excluded.end()) status->set_exclusion_reason(reason->second);
+    last_listed = &entry;
   }
+  response->set_total_matches(matches);
+  for (auto& [id, slice] : slices) *response->add_slices() = std::move(slice);
   return absl::OkStatus();
 }
 

@@ -16,7 +16,9 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/progress_monitor.h"
+#include "coordinator_service/heartbeat_stream.h"
 #include "coordinator_service/program_upload.h"
+#include "coordinator_service/upload_stream.h"
 #include "coordinator_service/watch_stream.h"
 #include "rpc/identity_slots.h"
 #include "rpc/server_support.h"
@@ -26,99 +28,43 @@
 
 namespace meshrun::services {
 
-// A worker's telemetry stream: each summary is committed, then acknowledged with the host's
-// persisted step. One ack write is in flight at a time; newer acks of a job replace older
-// queued ones, so a slow reader costs nothing but coalesced acks.
-class CoordinatorServer::UploadReactor final
-    : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
- public:
-  // limits: `slot` counts the stream against --max_upload_streams; refused, the stream ends
-  // at once with its RESOURCE_EXHAUSTED.
-  UploadReactor(CoordinatorTelemetry* telemetry, const JobMembership* membership,
-                grpc::CallbackServerContext* context, absl::StatusOr<IdentitySlots::Slot> slot)
-      : telemetry_(telemetry), membership_(membership), context_(context) {
-    if (!slot.ok()) {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
-      Finish(ToGrpcStatus(slot.status()));
-      return;
-    }
-    slot_ = std::move(*slot);
-    StartRead(&in_);
-  }
+// Every method a callback one but StreamHeartbeats, which is async: HeartbeatStreams serves it
+// from a queue of its own. The watch methods are registered raw: their reactors write
+// pre-serialized summaries (watch_stream.h). Written out rather than layered on CallbackService:
+// gRPC 1.51 keeps a callback method's handler when it is re-marked async, and the server then
+// never learns the service has an async method. So a new RPC is added here; one left out stays
+// a sync method answering UNIMPLEMENTED, which worker_fleet_rpc_test checks no method does.
+using CoordinatorMethods =
+    v1::Coordinator::WithCallbackMethod_GetSupportedVersions<
+    v1::Coordinator::WithCallbackMethod_RegisterWorker<
+    v1::Coordinator::WithCallbackMethod_Heartbeat<
+    v1::Coordinator::WithAsyncMethod_StreamHeartbeats<
+    v1::Coordinator::WithCallbackMethod_DeregisterWorker<
+    v1::Coordinator::WithCallbackMethod_ListWorkers<
+    v1::Coordinator::WithCallbackMethod_SubmitJob<
+    v1::Coordinator::WithCallbackMethod_UploadProgram<
+    v1::Coordinator::WithCallbackMethod_GetJob<
+    v1::Coordinator::WithCallbackMethod_ListJobs<
+    v1::Coordinator::WithCallbackMethod_CancelJob<
+    v1::Coordinator::WithCallbackMethod_KeyValueSet<
+    v1::Coordinator::WithCallbackMethod_KeyValueGet<
+    v1::Coordinator::WithCallbackMethod_KeyValueTryGet<
+    v1::Coordinator::WithCallbackMethod_KeyValueList<
+    v1::Coordinator::WithCallbackMethod_KeyValueDelete<
+    v1::Coordinator::WithCallbackMethod_WaitAtBarrier<
+    v1::Coordinator::WithCallbackMethod_UploadTelemetry<
+    v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
+    v1::Coordinator::WithRawCallbackMethod_WatchTelemetryBatches<
+    v1::Coordinator::WithCallbackMethod_ReportJobProgress<
+    v1::Coordinator::WithCallbackMethod_GetMetrics<
+    v1::Coordinator::WithCallbackMethod_GetDeviceMemory<
+    v1::Coordinator::WithCallbackMethod_ReportCheckpoint<
+    v1::Coordinator::WithCallbackMethod_CheckpointJob<
+    v1::Coordinator::WithCallbackMethod_DrainWorker<
+    v1::Coordinator::WithCallbackMethod_PreemptJob<
+    v1::Coordinator::Service>>>>>>>>>>>>>>>>>>>>>>>>>>>;
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      absl::MutexLock lock(&mu_);
-      reads_done_ = true;
-      FinishIfIdleLocked(grpc::Status::OK);
-      return;
-    }
-    absl::Status caller = CheckWorkerHost(*context_, in_.host());  // a worker sends as itself
-    if (caller.ok()) {  // ... and only for a job it is a member of
-      caller = membership_->CheckMember(PeerIdentity(*context_), in_.job_id(), in_.incarnation());
-    }
-    absl::StatusOr<int64_t> persisted = caller.ok() ? telemetry_->Accept(in_) : caller;
-    absl::MutexLock lock(&mu_);
-    if (!persisted.ok()) {
-      reads_done_ = true;
-      FinishIfIdleLocked(ToGrpcStatus(persisted.status()));
-      return;
-    }
-    pending_[in_.job_id()] = *persisted;
-    WriteNextLocked();
-    StartRead(&in_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) pending_.clear();  // the client is gone; its reads will end too
-    WriteNextLocked();
-    FinishIfIdleLocked(final_status_);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || pending_.empty() || finished_) return;
-    auto it = pending_.begin();
-    out_.set_job_id(it->first);
-    out_.set_persisted_through_step(it->second);
-    pending_.erase(it);
-    writing_ = true;
-    StartWrite(&out_);
-  }
-  void FinishIfIdleLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!status.ok()) final_status_ = status;
-    if (finished_ || !reads_done_ || writing_ || (!pending_.empty() && final_status_.ok())) {
-      return;
-    }
-    finished_ = true;
-    Finish(final_status_);
-  }
-
-  CoordinatorTelemetry* const telemetry_;
-  const JobMembership* const membership_;
-  grpc::CallbackServerContext* const context_;
-  IdentitySlots::Slot slot_;
-  v1::HostSummary in_;
-  absl::Mutex mu_;
-  v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
-};
-
-// The watch methods are registered raw: their reactors write pre-serialized summaries
-// (watch_stream.h).
-class CoordinatorServer::Service final
-    : public v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
-          v1::Coordinator::WithRawCallbackMethod_WatchTelemetryBatches<
-              v1::Coordinator::CallbackService>> {
+class CoordinatorServer::Service final : public CoordinatorMethods {
  public:
   Service(CoordinatorRpcHandler* handler, coordinator::ProgramStore* programs,
           const CoordinatorLimits& limits)
@@ -129,6 +75,8 @@ class CoordinatorServer::Service final
                      "--max_watch_streams_per_identity"),
         upload_slots_(limits.max_upload_streams, 0, "UploadTelemetry streams",
                       "--max_upload_streams", ""),
+        heartbeat_slots_(limits.max_upload_streams, 0, "StreamHeartbeats streams",
+                         "--max_upload_streams", ""),
         slow_slots_(limits.max_slow_calls, limits.max_slow_calls_per_identity,
                     "calls waiting on disk or workers (SubmitJob, UploadProgram, GetMetrics, "
                     "GetDeviceMemory, DrainWorker, CheckpointJob, PreemptJob, "
@@ -137,6 +85,7 @@ class CoordinatorServer::Service final
 
   // Waits for the slow calls' threads; after the server stopped taking calls (Drain).
   void JoinSlowCalls() { slow_calls_.JoinAll(); }
+  IdentitySlots& heartbeat_slots() { return heartbeat_slots_; }
 
   grpc::ServerUnaryReactor* GetSupportedVersions(grpc::CallbackServerContext* context,
                                                  const v1::GetSupportedVersionsRequest* request,
@@ -248,7 +197,7 @@ class CoordinatorServer::Service final
   }
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* UploadTelemetry(
       grpc::CallbackServerContext* context) override {
-    return new UploadReactor(&handler_->telemetry(), &handler_->membership(), context,
+    return StartUploadStream(&handler_->telemetry(), &handler_->membership(), context,
                              upload_slots_.Acquire(PeerIdentity(*context)));
   }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
@@ -369,6 +318,7 @@ class CoordinatorServer::Service final
   coordinator::ProgramStore* const programs_;
   IdentitySlots watch_slots_;  // limits: --max_watch_streams, a share per identity
   IdentitySlots upload_slots_;  // limits: --max_upload_streams, no share (one a worker)
+  IdentitySlots heartbeat_slots_;  // limits: as upload_slots_, a pool of its own
   IdentitySlots slow_slots_;   // limits: --max_slow_calls, a share per identity
   BackgroundTasks slow_calls_;  // joined by Drain, before the server goes
 };
@@ -478,9 +428,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
   ASSIGN_OR_RETURN(StartedServer started,
                    StartGrpcServer("listen", config.listen, {server->service_.get()},
                                    {.max_message_bytes = config.limits.max_request_bytes,
-                                    .max_buffered_bytes = config.limits.max_request_memory}));
+                                    .max_buffered_bytes = config.limits.max_request_memory},
+                                   &server->heartbeat_queue_));
   server->server_ = std::move(started.server);
   server->port_ = started.port;
+  server->heartbeats_ = std::make_unique<HeartbeatStreams>(
+      [service = server->service_.get()](grpc::ServerContext* context,
+                                         HeartbeatStreams::Stream* stream,
+                                         grpc::ServerCompletionQueue* queue, void* tag) {
+        service->RequestStreamHeartbeats(context, stream, queue, queue, tag);
+      },
+      server->heartbeat_queue_.get(), server->handler_.get(), &server->service_->heartbeat_slots());
+  server->heartbeat_thread_ = std::thread([s = server.get()] { s->heartbeats_->Run(); });
   server->sweeper_ = std::thread([s = server.get()] { s->SweepLiveness(); });
   if (!config.http_listen.empty()) {
     ASSIGN_OR_RETURN(server->dashboard_,
@@ -589,6 +548,8 @@ void CoordinatorServer::Drain(absl::Duration deadline) {
   if (http_) http_->Stop();  // its streams end; it calls into the handler no more
   kv_->CancelWaiters();  // long waits end now, cleanly, rather than at the deadline
   DrainServer(*server_, deadline);
+  heartbeat_queue_->Shutdown();  // the server is down: Run drains what is left and returns
+  heartbeat_thread_.join();
   service_->JoinSlowCalls();  // they finish their calls, bounded by their workers' deadlines
   stop_sweeper_.Notify();
   sweeper_.join();

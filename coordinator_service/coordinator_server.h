@@ -28,6 +28,7 @@
 #include "coordinator_service/coordinator_limits.h"
 #include "coordinator_service/coordinator_rpc_handler.h"
 #include "coordinator_service/dashboard_api.h"
+#include "coordinator_service/heartbeat_stream.h"
 #include "coordinator_service/http_server.h"
 #include "coordinator_service/job_launcher.h"
 #include "coordinator_service/job_membership.h"
@@ -86,7 +87,6 @@ class CoordinatorServer {
 
  private:
   class Service;
-  class UploadReactor;
   CoordinatorServer() = default;
   void SweepLiveness();
   // Once the workers had time to come back after a restart: fails each job restored RUNNING
@@ -113,6 +113,10 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorRpcHandler> handler_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  // StreamHeartbeats on its own queue and thread (heartbeat_stream.h); shut down after server_.
+  std::unique_ptr<grpc::ServerCompletionQueue> heartbeat_queue_;
+  std::unique_ptr<HeartbeatStreams> heartbeats_;
+  std::thread heartbeat_thread_;
   int port_ = 0;
   std::unique_ptr<DashboardApi> dashboard_;
   std::unique_ptr<HttpServer> http_;

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,7 +73,7 @@ absl::StatusOr<int64_t> NonNegative(const char* name, const std::string& value) 
   int64_t n = 0;
   if (!absl::SimpleAtoi(value, &n) || n < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, " is \"", value, "\"; give a non-negative integer step"));
+        absl::StrCat(name, " is \"", value, "\"; give a non-negative integer"));
   }
   return n;
 }
@@ -97,9 +98,34 @@ absl::StatusOr<std::string> Job(const DashboardApi::Config& config, const HttpRe
   return ToJson(job);
 }
 
-absl::StatusOr<std::string> Workers(const DashboardApi::Config& config, const HttpRequest&) {
+// ListWorkers' paging and filters as query parameters: page_size, page_token, state (alive,
+// dead, left), slice, on_job.
+absl::StatusOr<std::string> Workers(const DashboardApi::Config& config,
+                                    const HttpRequest& request) {
+  v1::ListWorkersRequest list;
+  for (const auto& [name, value] : request.params) {
+    if (name == "page_size") {
+      ASSIGN_OR_RETURN(int64_t size, NonNegative("page_size", value));
+      list.set_page_size(static_cast<int32_t>(std::min<int64_t>(size, 100000)));
+    } else if (name == "page_token") {
+      list.set_page_token(value);
+    } else if (name == "state") {
+      v1::WorkerState state;
+      if (!v1::WorkerState_Parse(absl::StrCat("WORKER_STATE_", absl::AsciiStrToUpper(value)),
+                                 &state)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state is \"", value, "\"; give alive, dead or left"));
+      }
+      list.set_state(state);
+    } else if (name == "slice") {
+      ASSIGN_OR_RETURN(int64_t slice, NonNegative("slice", value));
+      list.set_slice_id(static_cast<int32_t>(std::min<int64_t>(slice, 1 << 30)));
+    } else if (name == "on_job") {
+      list.set_on_job_id(value);
+    }
+  }
   v1::ListWorkersResponse workers;
-  RETURN_IF_ERROR(config.handler->ListWorkers({}, &workers));
+  RETURN_IF_ERROR(config.handler->ListWorkers(list, &workers));
   return ToJson(workers);
 }
 
@@ -146,7 +172,8 @@ const std::vector<Route>& Routes() {
       {"GET", "/metrics", {}, kPrometheus, &Metrics},
       {"GET", "/api/jobs", {}, kJson, &Jobs},
       {"GET", "/api/job", {"id"}, kJson, &Job},
-      {"GET", "/api/workers", {}, kJson, &Workers},
+      {"GET", "/api/workers", {"page_size", "page_token", "state", "slice", "on_job"}, kJson,
+       &Workers},
       {"GET", "/api/memory", {"host"}, kJson, &Memory},
       {"GET", "/api/series", {"job"}, kJson, &Series},
   };

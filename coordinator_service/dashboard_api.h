@@ -5,7 +5,9 @@
 //   GET /metrics                         Prometheus text exposition 0.0.4
 //   GET /api/jobs                        every job's manifest (without program bytes)
 //   GET /api/job?id=J                    one manifest
-//   GET /api/workers                     the registry: workers, states, heartbeats
+//   GET /api/workers                     the registry: workers, states, heartbeats, and the
+//                                        matches by slice; ?page_size=N&page_token=T a page,
+//                                        ?state=alive|dead|left&slice=S&on_job=J filters
 //   GET /api/memory?host=H               that worker's device memory
 //   GET /api/series?job=J                the job's declared telemetry series
 //   GET /api/watch?job=J&since_step=N    server-sent events: one `summary` event per global

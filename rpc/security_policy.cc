@@ -76,6 +76,7 @@ Role RequiredRole(const std::string& method) {
       // Coordinator: calls workers make.
       {"/meshrun.v1.Coordinator/RegisterWorker", Role::kWorker},
       {"/meshrun.v1.Coordinator/Heartbeat", Role::kWorker},
+      {"/meshrun.v1.Coordinator/StreamHeartbeats", Role::kWorker},
       {"/meshrun.v1.Coordinator/DeregisterWorker", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueSet", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueGet", Role::kWorker},

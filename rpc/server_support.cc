@@ -126,9 +126,10 @@ std::string DefaultStateDir(const std::string& component) {
   return absl::StrCat(".meshrun-state/", component);
 }
 
-absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
-                                              const std::vector<grpc::Service*>& services,
-                                              const ReceiveLimits& limits) {
+absl::StatusOr<StartedServer> StartGrpcServer(
+    const std::string& flag, const std::string& address,
+    const std::vector<grpc::Service*>& services, const ReceiveLimits& limits,
+    std::unique_ptr<grpc::ServerCompletionQueue>* async_queue) {
   absl::StatusOr<HostPort> parsed = ParseHostPort(flag, address);
   if (!parsed.ok()) return parsed.status();
   const SecurityConfig& security = ProcessSecurity();
@@ -151,15 +152,25 @@ absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std
   StartedServer started;
   builder.AddListeningPort(address, *credentials, &started.port);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (async_queue != nullptr) *async_queue = builder.AddCompletionQueue();
   started.server = builder.BuildAndStart();
   if (started.server == nullptr || started.port == 0) {
     if (started.server != nullptr) started.server->Shutdown();
+    if (async_queue != nullptr) DrainQueue(**async_queue);
     return absl::UnavailableError(absl::StrCat(
         "--", flag, "=", address,
         ": cannot listen there (port already in use, or not an address of this machine)"));
   }
   started.server->GetHealthCheckService()->SetServingStatus(true);
   return started;
+}
+
+void DrainQueue(grpc::ServerCompletionQueue& queue) {
+  queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) {
+  }
 }
 
 void DrainServer(grpc::Server& server, absl::Duration deadline) {

@@ -62,11 +62,17 @@ struct StartedServer {
 // Builds and starts a server on `address` with `services`, the standard gRPC health service
 // (overall status SERVING) and server reflection, taking at most what `limits` allow.
 // SO_REUSEPORT is off, so a port in use is an error rather than a silent second listener.
+// With `async_queue`, it also gets a completion queue for the services' async methods: the
+// caller polls it, and shuts it down after the server (a queue is drained before it goes).
 // Errors: INVALID_ARGUMENT (malformed address), UNAVAILABLE (cannot listen: port in use or
 // address not local), both naming the address.
-absl::StatusOr<StartedServer> StartGrpcServer(const std::string& flag, const std::string& address,
-                                              const std::vector<grpc::Service*>& services,
-                                              const ReceiveLimits& limits = {});
+absl::StatusOr<StartedServer> StartGrpcServer(
+    const std::string& flag, const std::string& address,
+    const std::vector<grpc::Service*>& services, const ReceiveLimits& limits = {},
+    std::unique_ptr<grpc::ServerCompletionQueue>* async_queue = nullptr);
+
+// Shuts `queue` down and discards what is left on it (tags of a server that never served).
+void DrainQueue(grpc::ServerCompletionQueue& queue);
 
 // Marks the health service NOT_SERVING, then shuts the server down: in-flight calls get until
 // `deadline` to finish and are cancelled after. Returns when the server has stopped.

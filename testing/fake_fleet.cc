@@ -26,6 +26,7 @@ struct FakeFleet::Host {
   std::string job_id ABSL_GUARDED_BY(mu);  // the job it runs, "" after StopJob
   int64_t last_step ABSL_GUARDED_BY(mu) = 0;
   std::unique_ptr<UploadStream> upload;  // opened by the first UploadStep
+  std::unique_ptr<HeartbeatStream> beats;  // opened by the first beat (HeartbeatLoop's)
 };
 
 namespace {
@@ -113,6 +114,78 @@ class FakeFleet::UploadStream final
   std::deque<v1::HostSummary> queue_ ABSL_GUARDED_BY(mu_);
   v1::HostSummary current_;  // written by the one write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One host's StreamHeartbeats call: one beat written at a time (a beat falling due while the
+// last is still being written is skipped, as a worker's would wait behind it); each ack times
+// the oldest beat not yet acknowledged. A read stays in flight until the call ends, so while
+// `read_ended_` is false gRPC has not run OnDone and a write may still be started.
+class FakeFleet::HeartbeatStream final
+    : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  HeartbeatStream(FakeFleet* fleet, v1::Coordinator::Stub& stub) : fleet_(fleet) {
+    stub.async()->StreamHeartbeats(&context_, this);
+    StartRead(&ack_);
+    StartCall();
+  }
+  void Send(v1::HeartbeatRequest beat) {
+    absl::MutexLock lock(&mu_);
+    if (read_ended_ || writing_) return;
+    writing_ = true;
+    current_ = std::move(beat);
+    sent_.push_back(absl::Now());
+    StartWrite(&current_);  // its OnWriteDone runs on a gRPC thread, never inline
+  }
+  // Cancels the stream and waits (bounded) for its end.
+  void Close() {
+    context_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(10));
+  }
+
+ private:
+  void OnWriteDone(bool) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+  }
+  void OnReadDone(bool ok) override {
+    absl::Time sent;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        read_ended_ = true;
+        return;
+      }
+      sent = sent_.front();
+      sent_.pop_front();
+    }
+    const absl::Duration took = absl::Now() - sent;
+    {
+      absl::MutexLock lock(&fleet_->mu_);
+      ++fleet_->figures_.heartbeats;
+      fleet_->figures_.worst_heartbeat = std::max(fleet_->figures_.worst_heartbeat, took);
+    }
+    StartRead(&ack_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+      absl::MutexLock lock(&fleet_->mu_);
+      ++fleet_->figures_.heartbeat_errors;
+      fleet_->figures_.last_error = status.error_message();
+    }
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+
+  FakeFleet* const fleet_;
+  grpc::ClientContext context_;
+  v1::HeartbeatResponse ack_;
+  v1::HeartbeatRequest current_;  // written by the one write in flight
+  absl::Mutex mu_;
+  std::deque<absl::Time> sent_ ABSL_GUARDED_BY(mu_);  // beats not yet acknowledged
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -259,6 +332,7 @@ FakeFleet::~FakeFleet() {
   if (heartbeats_.joinable()) heartbeats_.join();
   for (auto& host : hosts_) {
     if (host->upload != nullptr) host->upload->Close();
+    if (host->beats != nullptr) host->beats->Close();
   }
   for (int i = 0; i < static_cast<int>(hosts_.size()) && server_ != nullptr; ++i) {
     grpc::ClientContext context;
@@ -319,8 +393,9 @@ absl::Status FakeFleet::Start() {
   return absl::OkStatus();
 }
 
-// Each host beats once per interval, the hosts spread evenly over it as independent hosts'
-// timers would be; each beat's round trip is recorded.
+// Each host beats once per interval, on its heartbeat stream or by a Heartbeat call each, the
+// hosts spread evenly over it as independent hosts' timers would be; each beat's round trip is
+// recorded.
 void FakeFleet::HeartbeatLoop() {
   struct Beat {
     grpc::ClientContext context;
@@ -339,16 +414,23 @@ void FakeFleet::HeartbeatLoop() {
       }
       if (stop_) break;
       Host& host = *hosts_[i];
-      auto* beat = new Beat;
-      beat->request.set_host(host.name);
-      beat->request.set_incarnation(host.incarnation);
+      v1::HeartbeatRequest request;
+      request.set_host(host.name);
+      request.set_incarnation(host.incarnation);
       {
         absl::MutexLock lock(&host.mu);
         if (!host.job_id.empty()) {
-          beat->request.set_job_id(host.job_id);
-          beat->request.set_last_completed_step(host.last_step);
+          request.set_job_id(host.job_id);
+          request.set_last_completed_step(host.last_step);
         }
       }
+      if (!config_.unary_heartbeats) {
+        if (host.beats == nullptr) host.beats = std::make_unique<HeartbeatStream>(this, StubFor(i));
+        host.beats->Send(std::move(request));
+        continue;
+      }
+      auto* beat = new Beat;
+      beat->request = std::move(request);
       beat->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
       beat->sent = absl::Now();
       ++beats_in_flight_;

@@ -39,6 +39,9 @@ class FakeFleet {
     int devices_per_host = 4;     // a v6e host's chips
     int64_t executable_bytes = 64 << 10;  // what CompileProgram answers with
     int channels = 8;             // connections the hosts' calls to the coordinator share
+    // Heartbeat by a Heartbeat call per beat (what workers did before StreamHeartbeats), not on
+    // one stream per host: the baseline the scale bench compares against.
+    bool unary_heartbeats = false;
   };
   // What the fleet saw, read with Figures().
   struct Figures {
@@ -76,6 +79,7 @@ class FakeFleet {
  private:
   class WorkerService;
   class UploadStream;
+  class HeartbeatStream;
   struct Host;
   void HeartbeatLoop();
   v1::Coordinator::Stub& StubFor(int host);

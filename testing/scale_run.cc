@@ -187,7 +187,8 @@ absl::StatusOr<ScaleFigures> RunAtScale(const ScaleOptions& options) {
   FakeFleet fleet({.coordinator = coordinator->address(),
                    .hosts = options.hosts,
                    .devices_per_host = options.devices_per_host,
-                   .executable_bytes = options.executable_bytes});
+                   .executable_bytes = options.executable_bytes,
+                   .unary_heartbeats = options.unary_heartbeats});
 
   // Registration, then heartbeats alone.
   double cpu = coordinator->CpuSeconds();

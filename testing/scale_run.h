@@ -28,6 +28,7 @@ struct ScaleOptions {
   absl::Duration launch_timeout = absl::Seconds(120);
   int64_t executable_bytes = 64 << 10;
   std::vector<std::string> coordinator_flags;  // e.g. "--heartbeat_timeout=60s"
+  bool unary_heartbeats = false;  // a Heartbeat call per beat, not a stream per host (baseline)
 };
 
 struct ScaleFigures {

@@ -98,6 +98,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
   static const auto* roles = new std::map<std::string, Role>{
       {"/meshrun.v1.Coordinator/RegisterWorker", Role::kWorker},
       {"/meshrun.v1.Coordinator/Heartbeat", Role::kWorker},
+      {"/meshrun.v1.Coordinator/StreamHeartbeats", Role::kWorker},
       {"/meshrun.v1.Coordinator/DeregisterWorker", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueSet", Role::kWorker},
       {"/meshrun.v1.Coordinator/KeyValueGet", Role::kWorker},
@@ -350,6 +351,10 @@ TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
                  "/meshrun.v1.Coordinator/Heartbeat", heartbeat.SerializeAsString())
                 .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Call(CertCaller(ca_, "worker-a", ca_), coordinator_->port(),
+                 "/meshrun.v1.Coordinator/StreamHeartbeats", heartbeat.SerializeAsString())
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
   v1::ReportJobProgressRequest progress;
   progress.set_job_id("job-1");
   progress.set_host("worker-b");
@@ -372,7 +377,7 @@ TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
   // Refusals are counted, and logged with the caller's address (gRPC's peer string,
   // "ipv4:127.0.0.1:N") at a bounded rate: the first of a 10 s window (rpc/refusal_log.h).
   log->Uninstall();
-  EXPECT_GE(RefusalLog::Process().Counts()[kActAsAnother] - refused_before, 4);
+  EXPECT_GE(RefusalLog::Process().Counts()[kActAsAnother] - refused_before, 5);
   const std::vector<std::string> refusals = log->Lines("tried to act as host \"worker-b\"");
   if (refused_before == 0) EXPECT_GE(refusals.size(), 1u);
   for (const std::string& line : refusals) {

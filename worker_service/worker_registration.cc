@@ -1,7 +1,7 @@
 // WorkerServer's side of membership: registering with the coordinator (its identity, devices
-// and cached executables), heartbeats with job progress, and what a refusal means (fenced: a
-// fresh incarnation; forgotten: register again). Split from worker_server.cc, which keeps the
-// RPC surface, draining and the job's end.
+// and cached executables), heartbeats with job progress on a StreamHeartbeats stream, and what
+// a refusal means (fenced: a fresh incarnation; forgotten: register again). Split from
+// worker_server.cc, which keeps the RPC surface, draining and the job's end.
 #include "worker_service/worker_server.h"
 
 #include <spdlog/spdlog.h>
@@ -87,6 +87,13 @@ absl::Status WorkerServer::Heartbeat() {
       request.set_phase(in_allreduce_ ? kPhaseGradientAllReduce : "compute");
     }
   }
+  if (!unary_heartbeats_) {
+    absl::Status status = heartbeats_->Beat(request);
+    if (!absl::IsUnimplemented(status)) return status;
+    spdlog::warn("the coordinator has no heartbeat stream ({}); heartbeating by call",
+                 status.ToString());
+    unary_heartbeats_ = true;
+  }
   v1::HeartbeatResponse response;
   auto context = ContextWithTimeout(config_.rpc_timeout);
   return FromGrpcStatus(coordinator_->Heartbeat(context.get(), request, &response));
@@ -143,7 +150,11 @@ void WorkerServer::RegistrationLoop() {
       }
       wait = registered_ ? absl::Milliseconds(heartbeat_interval_millis_.load()) : absl::ZeroDuration();
     }
-    stop_loop_.WaitForNotificationWithTimeout(wait);
+    if (registered_ && !unary_heartbeats_) {
+      heartbeats_->Wait(wait);  // wakes early when the stream ends: a refusal is acted on at once
+    } else {
+      stop_loop_.WaitForNotificationWithTimeout(wait);
+    }
   }
 }
 

@@ -321,6 +321,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   }
   server->coordinator_ =
       v1::Coordinator::NewStub(MakeCoordinatorChannel(server->config_.coordinator));
+  server->heartbeats_ = std::make_unique<HeartbeatSender>(server->coordinator_.get());
   server->loop_ = std::thread([s = server.get()] { s->RegistrationLoop(); });
   spdlog::info("worker {} listening on port {} (advertised as {}), coordinator {}",
                server->config_.identity.host, server->port_, server->advertise_address_,
@@ -345,6 +346,7 @@ void WorkerServer::Drain(absl::Duration deadline) {
   reporters_.JoinAll();
   uploader_.reset();  // stops its stream; what was not acknowledged is lost with the process
   stop_loop_.Notify();
+  heartbeats_->Stop();
   loop_.join();
   if (registered_) {
     v1::DeregisterWorkerRequest request;

@@ -31,6 +31,7 @@
 #include "common/background_tasks.h"
 #include "common/idle_watchdog.h"
 #include "common/path_roots.h"
+#include "worker_service/heartbeat_sender.h"
 #include "worker_service/telemetry_uploader.h"
 #include "worker/checkpointing.h"
 #include "worker/executable_store.h"
@@ -148,6 +149,8 @@ class WorkerServer {
   PathRoots data_roots_;  // state_dir plus config_.data_roots
   std::string advertise_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<HeartbeatSender> heartbeats_;  // on coordinator_; after it, so it ends first
+  bool unary_heartbeats_ = false;  // the coordinator lacks StreamHeartbeats (RegistrationLoop's)
   // The coordinator's key-value store: the PJRT client's and host replicas' rendezvous.
   std::shared_ptr<runtime::KeyValueClient> kv_client_;
   std::unique_ptr<runtime::Runtime> runtime_;  // null without --pjrt_plugin

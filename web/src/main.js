@@ -470,9 +470,38 @@ async function refreshMemory(host) {
   }
 }
 
+// The workers table shows a page of the registry at a time (a fleet of a thousand hosts is
+// 1.4 MB in one answer); the slice summary above it counts every worker. #workers_page=N in the
+// address sets the page size.
+const workersPageSize = Number(new URLSearchParams(location.hash.slice(1)).get('workers_page')) || 50;
+const workerPages = [''];  // the page token of each page up to the one shown ('' = the first)
+
+function renderWorkerSlices(slices) {
+  const count = (key) => slices.reduce((sum, s) => sum + Number(s[key] || 0), 0);
+  const rows = slices.length > 1 ? slices.map((s) => el('tr', { 'data-slice': String(s.slice_id || 0) },
+    el('td', {}, `slice ${s.slice_id || 0}`), el('td', { class: 'num' }, String(s.alive || 0)),
+    el('td', { class: 'num' }, String(s.dead || 0)), el('td', { class: 'num' }, String(s.left || 0)),
+    el('td', { class: 'num' }, String(s.alive_devices || 0)))) : [];
+  const total = el('tr', { 'data-slice': 'all' },
+    el('td', {}, 'all'), el('td', { class: 'num' }, String(count('alive'))),
+    el('td', { class: 'num' }, String(count('dead'))), el('td', { class: 'num' }, String(count('left'))),
+    el('td', { class: 'num' }, String(count('alive_devices'))));
+  $('#worker-slices tbody').replaceChildren(...rows, total);
+}
+
+function renderWorkerPager(shown, total, next) {
+  const first = (workerPages.length - 1) * workersPageSize;
+  $('#workers-range').textContent = shown ? `${first + 1}–${first + shown} of ${total}` : `0 of ${total}`;
+  $('#workers-prev').disabled = workerPages.length < 2;
+  $('#workers-next').disabled = !next;
+  $('#workers-next').dataset.token = next;
+}
+
 async function refreshWorkers() {
   try {
-    const { workers = [] } = await getJson('api/workers');
+    const token = workerPages.at(-1);
+    const query = `api/workers?page_size=${workersPageSize}${token ? `&page_token=${encodeURIComponent(token)}` : ''}`;
+    const { workers = [], slices = [], total_matches: total = 0, next_page_token: next = '' } = await getJson(query);
     const ask = workers.filter((w) => w.state === 'WORKER_STATE_ALIVE' && !memory.has(w.registration.host));
     await Promise.all(ask.map((w) => refreshMemory(w.registration.host)));
     const slow = stragglers();
@@ -491,10 +520,22 @@ async function refreshWorkers() {
         el('td', { class: 'muted' }, memory.get(host) || ''));
     });
     $('#workers tbody').replaceChildren(...(rows.length ? rows : [emptyRow(5, 'no workers registered')]));
+    renderWorkerSlices(slices);
+    renderWorkerPager(workers.length, Number(total), next);
   } catch (error) {
     setConnection('coordinator unreachable', 'warn');
   }
 }
+
+$('#workers-next').addEventListener('click', () => {
+  const next = $('#workers-next').dataset.token;
+  if (next) workerPages.push(next);
+  refreshWorkers();
+});
+$('#workers-prev').addEventListener('click', () => {
+  if (workerPages.length > 1) workerPages.pop();
+  refreshWorkers();
+});
 
 refreshJobs();
 refreshWorkers();
