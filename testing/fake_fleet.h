@@ -1,8 +1,9 @@
 // Many stand-in TPU hosts in one process, for scale tests and benches (issue 30): each fake
 // host registers with a real coordinator over gRPC as a v6e host of `devices_per_host` chips,
-// heartbeats on the interval the coordinator asks for, serves the Worker calls a launch makes
-// (GetStatus, CompileProgram, LoadExecutable, StartJob, StopJob) and, once started, uploads one
-// HostSummary per step on its own UploadTelemetry stream, as a worker does. Nothing runs: a
+// heartbeats on the interval the coordinator asks for (on a StreamHeartbeats stream of its own,
+// or by a Heartbeat call per beat with Config::unary_heartbeats), serves the Worker calls a
+// launch makes (GetStatus, CompileProgram, LoadExecutable, StartJob, StopJob) and, once started,
+// uploads one HostSummary per step on its own UploadTelemetry stream, as a worker does. Nothing runs: a
 // compile answers with `executable_bytes` of seeded bytes, a step is a timer.
 //
 // One gRPC server serves every host (a listening port each; the caller's :authority names the
