@@ -180,12 +180,13 @@ class JobLauncher {
   std::string UnreachableHost(const v1::JobManifest& job, const std::string& except);
   // Restarts a job with a checkpoint policy may make when its JobSpec does not say.
   static constexpr int kDefaultMaxRestarts = 3;
+  // Records on the checkpoint that `job` (the manifest as the failed run saw it) restored that
+  // restoring it failed (CheckpointRecord.restore_error), so that recovery falls back to an
+  // older one.
+  void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   // Automatic recovery: when `job_id` can restart, stops its workers, makes it PENDING from its
   // newest checkpoint (in memory when the surviving hosts hold one at least as new as the
   // newest committed one) and launches it again; returns whether it did.
-  // Records on the job's checkpoint that this run restored that restoring it failed
-  // (CheckpointRecord.restore_error), so that recovery falls back to an older one.
-  void MarkUnrestorable(const v1::JobManifest& job, const std::string& error);
   bool MaybeRestart(const std::string& job_id, const std::string& host,
                     const std::string& cause, bool host_at_fault = true);
   // The newest in-memory checkpoint in [at_least, at_most] that the hosts of `job`'s run, less

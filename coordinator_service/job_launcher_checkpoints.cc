@@ -131,9 +131,11 @@ absl::StatusOr<int64_t> JobLauncher::Preempt(const v1::PreemptJobRequest& reques
 }
 
 void JobLauncher::MarkUnrestorable(const v1::JobManifest& job, const std::string& error) {
+  // The reported run's restore path, not the manifest's current one: another host's report of
+  // the same failed restore may arrive after the job restarted from an older step.
   absl::Status marked = config_.jobs->Update(job.job_id(), [&](v1::JobManifest& m) {
     for (v1::CheckpointRecord& record : *m.mutable_checkpoints()) {
-      if (record.committed() && record.path() == m.spec().resume_from() &&
+      if (record.committed() && record.path() == job.spec().resume_from() &&
           record.restore_error().empty()) {
         record.set_restore_error(error);
         spdlog::error("job {}: its checkpoint of step {} cannot be restored: {}", m.job_id(),
