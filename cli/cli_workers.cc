@@ -1,16 +1,17 @@
 #include "cli/cli_workers.h"
 
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cli/cli_common.h"
 #include "common/grpc_status.h"
+#include "jobspec/job_states.h"
 #include "rpc/binary_setup.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
@@ -33,27 +34,15 @@ ABSL_FLAG(std::string, page_token, "", "workers: the page to list, as the previo
 namespace meshrun::services {
 namespace {
 
-std::string StateName(v1::WorkerState state) {
-  switch (state) {
-    case v1::WORKER_STATE_ALIVE: return "ALIVE";
-    case v1::WORKER_STATE_DEAD: return "DEAD";
-    case v1::WORKER_STATE_LEFT: return "LEFT";
-    default: return "UNKNOWN";
-  }
-}
-
 v1::ListWorkersRequest RequestFromFlags() {
   v1::ListWorkersRequest request;
   request.set_job_id(absl::GetFlag(FLAGS_job));
-  const std::string state = absl::AsciiStrToLower(absl::GetFlag(FLAGS_state));
-  if (state == "alive") {
-    request.set_state(v1::WORKER_STATE_ALIVE);
-  } else if (state == "dead") {
-    request.set_state(v1::WORKER_STATE_DEAD);
-  } else if (state == "left") {
-    request.set_state(v1::WORKER_STATE_LEFT);
-  } else if (!state.empty()) {
-    ExitWithError(absl::StrCat("--state=", state, " is not alive, dead or left"), kExitUsage);
+  if (const std::string state = absl::GetFlag(FLAGS_state); !state.empty()) {
+    std::optional<v1::WorkerState> parsed = jobspec::ParseWorkerState(state);
+    if (!parsed) {
+      ExitWithError(absl::StrCat("--state=", state, " is not alive, dead or left"), kExitUsage);
+    }
+    request.set_state(*parsed);
   }
   if (absl::GetFlag(FLAGS_slice) >= 0) request.set_slice_id(absl::GetFlag(FLAGS_slice));
   request.set_on_job_id(absl::GetFlag(FLAGS_on_job));
@@ -86,7 +75,7 @@ void PrintTable(const v1::ListWorkersResponse& workers) {
     if (reg.spare()) notes.push_back("spare");
     const std::string note = absl::StrJoin(notes, "; ");
     std::printf("%-20s %-6s %-22s %-36s %-7d %-9s %s\n", reg.host().c_str(),
-                StateName(w.state()).c_str(), reg.address().c_str(),
+                jobspec::WorkerStateName(w.state()), reg.address().c_str(),
                 runtime::ToString(identity).c_str(), reg.devices_size(),
                 absl::StrFormat("%.1fs ago",
                                 (now_micros - w.last_heartbeat_unix_micros()) / 1e6).c_str(),

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "coordinator_service/coordinator_rpc_handler.h"
 #include "coordinator_service/dashboard_metrics.h"
+#include "jobspec/job_states.h"
 
 namespace meshrun::services {
 namespace {
@@ -110,13 +111,12 @@ absl::StatusOr<std::string> Workers(const DashboardApi::Config& config,
     } else if (name == "page_token") {
       list.set_page_token(value);
     } else if (name == "state") {
-      v1::WorkerState state;
-      if (!v1::WorkerState_Parse(absl::StrCat("WORKER_STATE_", absl::AsciiStrToUpper(value)),
-                                 &state)) {
+      std::optional<v1::WorkerState> state = jobspec::ParseWorkerState(value);
+      if (!state) {
         return absl::InvalidArgumentError(
             absl::StrCat("state is \"", value, "\"; give alive, dead or left"));
       }
-      list.set_state(state);
+      list.set_state(*state);
     } else if (name == "slice") {
       ASSIGN_OR_RETURN(int64_t slice, NonNegative("slice", value));
       list.set_slice_id(static_cast<int32_t>(std::min<int64_t>(slice, 1 << 30)));

@@ -160,19 +160,12 @@ class FakeFleet::HeartbeatStream final
       sent = sent_.front();
       sent_.pop_front();
     }
-    const absl::Duration took = absl::Now() - sent;
-    {
-      absl::MutexLock lock(&fleet_->mu_);
-      ++fleet_->figures_.heartbeats;
-      fleet_->figures_.worst_heartbeat = std::max(fleet_->figures_.worst_heartbeat, took);
-    }
+    fleet_->RecordHeartbeat(absl::Now() - sent, grpc::Status::OK);
     StartRead(&ack_);
   }
   void OnDone(const grpc::Status& status) override {
     if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-      absl::MutexLock lock(&fleet_->mu_);
-      ++fleet_->figures_.heartbeat_errors;
-      fleet_->figures_.last_error = status.error_message();
+      fleet_->RecordHeartbeat(absl::ZeroDuration(), status);
     }
     absl::MutexLock lock(&mu_);
     done_ = true;
@@ -436,23 +429,23 @@ void FakeFleet::HeartbeatLoop() {
       ++beats_in_flight_;
       StubFor(i).async()->Heartbeat(&beat->context, &beat->request, &beat->response,
                                     [this, beat](grpc::Status status) {
-                                      const absl::Duration took = absl::Now() - beat->sent;
-                                      {
-                                        absl::MutexLock lock(&mu_);
-                                        if (status.ok()) {
-                                          ++figures_.heartbeats;
-                                        } else {
-                                          ++figures_.heartbeat_errors;
-                                          figures_.last_error = status.error_message();
-                                        }
-                                        figures_.worst_heartbeat =
-                                            std::max(figures_.worst_heartbeat, took);
-                                      }
+                                      RecordHeartbeat(absl::Now() - beat->sent, status);
                                       delete beat;
                                       --beats_in_flight_;
                                     });
     }
   }
+}
+
+void FakeFleet::RecordHeartbeat(absl::Duration took, const grpc::Status& error) {
+  absl::MutexLock lock(&mu_);
+  if (error.ok()) {
+    ++figures_.heartbeats;
+  } else {
+    ++figures_.heartbeat_errors;
+    figures_.last_error = error.error_message();
+  }
+  figures_.worst_heartbeat = std::max(figures_.worst_heartbeat, took);
 }
 
 bool FakeFleet::AwaitStarted(const std::string& job_id, absl::Duration timeout) const {

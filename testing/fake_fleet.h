@@ -83,6 +83,8 @@ class FakeFleet {
   class HeartbeatStream;
   struct Host;
   void HeartbeatLoop();
+  // Counts one beat's answer: acknowledged after `took`, or refused with `error`.
+  void RecordHeartbeat(absl::Duration took, const grpc::Status& error);
   v1::Coordinator::Stub& StubFor(int host);
 
   const Config config_;
