@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
                spdlog::error("telemetry history: {}", s.ToString());
                return;
              }
+             self->AckCommitted(summary);
              self->step_times_.Add(summary);
              if (on_nonfinite) self->NoteNonFinite(summary, on_nonfinite);
              if (absl::Status s = self->hub_->Publish(summary); !s.ok()) {
@@ -255,7 +256,31 @@ absl::StatusOr<std::vector<std::string>> CoordinatorTelemetry::KnownJobs() const
   return ids;
 }
 
-absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summary) {
+int64_t CoordinatorTelemetry::RouteAcks(const std::string& host, AckFn ack) {
+  absl::MutexLock l(&routes_mu_);
+  const int64_t id = ++next_route_;
+  routes_[host] = {id, std::move(ack)};
+  return id;
+}
+
+void CoordinatorTelemetry::UnrouteAcks(const std::string& host, int64_t route) {
+  absl::MutexLock l(&routes_mu_);
+  if (auto it = routes_.find(host); it != routes_.end() && it->second.id == route) {
+    routes_.erase(it);
+  }
+}
+
+void CoordinatorTelemetry::AckCommitted(const v1::GlobalSummary& summary) {
+  absl::MutexLock l(&routes_mu_);
+  for (const v1::HostSummary& host : summary.host_detail()) {
+    if (auto it = routes_.find(host.host()); it != routes_.end()) {
+      it->second.ack(summary.job_id(), summary.step());
+    }
+  }
+}
+
+absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(
+    const v1::HostSummary& summary) {
   // An empty incarnation is checked too: it is no registered host's, so a zombie or a spoof
   // cannot skip the fence by leaving it out.
   if (admit_) RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
@@ -269,7 +294,6 @@ absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summ
     }
   }
   ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome, combiner_->Add(summary));
-  (void)outcome;  // duplicates and late summaries are acknowledged too: resending is useless
   const double seconds =
       summary.compute_seconds() > 0 ? summary.compute_seconds() : summary.step_time_seconds();
   if (stragglers_->Observe(summary.job_id(), summary.host(), summary.step(), seconds)) {
@@ -282,7 +306,17 @@ absl::StatusOr<int64_t> CoordinatorTelemetry::Accept(const v1::HostSummary& summ
     int64_t& latest = latest_step_[summary.job_id()];
     latest = std::max(latest, summary.step());
   }
-  return history_->AppendHost(summary);
+  switch (outcome) {
+    case telemetry::StepCombiner::AddOutcome::kAccepted:
+      return std::nullopt;  // acknowledged when its step is committed (AckCommitted)
+    case telemetry::StepCombiner::AddOutcome::kLate:
+      return history_->AppendHost(summary);  // kept for the record; its step stays partial
+    case telemetry::StepCombiner::AddOutcome::kDuplicate:
+      break;
+  }
+  // Resending is useless: what the host has committed so far. A copy of a step still pending
+  // is acknowledged with the step.
+  return history_->PersistedThroughStep(summary.job_id(), summary.host());
 }
 
 void CoordinatorTelemetry::NoteNonFinite(

@@ -1,14 +1,17 @@
 // The coordinator's telemetry path: host summaries are validated and combined per step
 // (telemetry/step_combiner), persisted (telemetry/history_store, SQLite) and fanned out to
-// watchers (telemetry/watch_hub). A host summary is acknowledged only once it is committed.
+// watchers (telemetry/watch_hub). A host summary is acknowledged only once it is committed:
+// a step's host summaries are kept in memory until the step is combined, then committed with
+// its global summary in one transaction, and acknowledged through each host's ack route
+// (RouteAcks). A summary that misses its step's grace (late) is committed on its own.
 //
 // Restart: StartJob records the job as collecting in the history (hosts, replica counts,
 // declarations); EndJob clears it. A coordinator created on the same database resumes every job
 // still collecting — it was killed mid-job — so the workers' resent summaries are combined, not
-// refused: the combiner counts the steps in history as emitted and gets back the host summaries
-// of the steps pending at the crash (acknowledged, not yet combined), so no step is emitted
-// twice or lost. A resumed job ends when each of its hosts reports its end (HostEnded), since
-// the restarted coordinator's job table no longer knows it.
+// refused: the combiner counts the steps in history as emitted, and the summaries of the steps
+// pending at the crash were not acknowledged, so the workers send them again; no step is
+// emitted twice or lost. A resumed job ends when each of its hosts reports its end
+// (HostEnded), since the restarted coordinator's job table no longer knows it.
 //
 // Lifetime: Create() starts a timer thread for grace deadlines; the destructor stops it.
 // Thread-safety: all methods are safe to call concurrently.
@@ -98,10 +101,24 @@ class CoordinatorTelemetry {
   // that must not be reused after a restart).
   absl::StatusOr<std::vector<std::string>> KnownJobs() const;
 
-  // Validates, combines and commits one host summary; returns the host's persisted step.
+  // Called with (job_id, persisted_through_step) once a host's summaries of the job through
+  // that step are committed.
+  using AckFn = std::function<void(const std::string& job_id, int64_t persisted_through_step)>;
+  // Sends `host`'s acknowledgements of summaries Accept kept pending to `ack` (replacing an
+  // earlier route of the host: its newest stream). `ack` runs on the thread that committed the
+  // step, with this object's route lock held: it must not call RouteAcks or UnrouteAcks.
+  // Returns the route's id.
+  int64_t RouteAcks(const std::string& host, AckFn ack);
+  // Removes the route (no-op when a newer one replaced it); once this returns, its `ack` is
+  // never called again.
+  void UnrouteAcks(const std::string& host, int64_t route);
+
+  // Validates and combines one host summary. Returns the host's persisted step to acknowledge
+  // now (a duplicate, a late summary committed here, an earlier run's), or nullopt when the
+  // summary waits for its step: the step's commit acknowledges it through the host's route.
   // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's,
   // Config::admit's (a fenced incarnation).
-  absl::StatusOr<int64_t> Accept(const v1::HostSummary& summary);
+  absl::StatusOr<std::optional<int64_t>> Accept(const v1::HostSummary& summary);
   // The highest step any host reported telemetry for (0: none yet): a running job's current
   // step, to the telemetry cadence, for `meshrun list` and /api/jobs.
   int64_t LatestStep(const std::string& job_id) const;
@@ -131,6 +148,8 @@ class CoordinatorTelemetry {
   // Resumes the jobs the history says were collecting (see "Restart").
   absl::Status Resume();
   absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
+  // Acknowledges a committed step to each host it combined (RouteAcks).
+  void AckCommitted(const v1::GlobalSummary& summary);
 
   std::function<absl::Status(const std::string&, const std::string&)> admit_;
   std::unique_ptr<telemetry::HistoryStore> history_;
@@ -145,6 +164,13 @@ class CoordinatorTelemetry {
   std::set<std::string> nonfinite_noted_ ABSL_GUARDED_BY(steps_mu_);
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> resumed_ ABSL_GUARDED_BY(mu_);  // hosts to end
+  struct AckRoute {
+    int64_t id = 0;
+    AckFn ack;
+  };
+  absl::Mutex routes_mu_;
+  std::map<std::string, AckRoute> routes_ ABSL_GUARDED_BY(routes_mu_);  // by host
+  int64_t next_route_ ABSL_GUARDED_BY(routes_mu_) = 0;
   absl::Notification stop_;
   std::thread poller_;
 };

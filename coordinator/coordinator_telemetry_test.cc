@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "coordinator/worker_registry.h"
 
@@ -51,24 +53,48 @@ class CoordinatorTelemetryTest : public ::testing::Test {
   v1::JobManifest job_;
 };
 
-// A coordinator that stops mid-job (no EndJob) with step 20 half reported: the next one resumes
-// the job, rebuilds step 20 from the stored host summary and emits it once, complete, when the
-// other host's summary arrives; resent summaries change nothing.
-TEST_F(CoordinatorTelemetryTest, RestartResumesPendingStepsWithoutDuplicates) {
+// Acknowledgements: a summary is acknowledged once its step is committed, through its host's
+// route, not when it arrives. A coordinator that stops mid-job (no EndJob) with step 20 half
+// reported never acknowledged a's step 20, so a resends it: the next coordinator resumes the
+// job and emits step 20 once, complete, when b's summary arrives; resent summaries of committed
+// steps are acknowledged at once and change nothing.
+TEST_F(CoordinatorTelemetryTest, AcksFollowCommitsAndRestartResumesWithoutDuplicates) {
   {
     auto first = Open();
     ASSERT_TRUE(first->DeclareJob("job-7", job_.spec()).ok());
     ASSERT_TRUE(first->StartJob(job_).ok());
-    for (const char* host : {"a", "b"}) ASSERT_TRUE(first->Accept(Host(host, 10, 1.0f)).ok());
-    EXPECT_EQ(*first->Accept(Host("a", 20, 2.0f)), 20);  // acknowledged, step 20 pending
+    absl::Mutex mu;
+    std::vector<std::string> acks;  // "host job step"
+    for (const char* host : {"a", "b"}) {
+      first->RouteAcks(host, [&, host = std::string(host)](const std::string& job, int64_t step) {
+        absl::MutexLock lock(&mu);
+        acks.push_back(absl::StrCat(host, " ", job, " ", step));
+      });
+    }
+    const auto acked = [&] {
+      absl::MutexLock lock(&mu);
+      return acks;
+    };
+    EXPECT_EQ(*first->Accept(Host("a", 10, 1.0f)), std::nullopt);  // step 10 waits for b
+    EXPECT_TRUE(acked().empty());
+    EXPECT_EQ(*first->Accept(Host("b", 10, 1.0f)), std::nullopt);
+    // The step's commit acknowledges both hosts (on the thread that delivered it).
+    for (int i = 0; i < 200 && acked().size() < 2; ++i) absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_EQ(acked(), (std::vector<std::string>{"a job-7 10", "b job-7 10"}));
+    EXPECT_EQ(*first->Accept(Host("a", 20, 2.0f)), std::nullopt);  // pending: not acknowledged
+    EXPECT_EQ(*first->Accept(Host("b", 10, 1.0f)), 10);  // a resent committed step: at once
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(acked().size(), 2u);
+    EXPECT_EQ(*first->history().PersistedThroughStep("job-7", "a"), 10);
   }
   auto second = Open();
   auto watcher = second->hub().Subscribe({.job_id = "job-7", .since_step = 1});
   ASSERT_TRUE(watcher.ok()) << watcher.status();
   // The workers resend what they did not see acknowledged, and more.
-  ASSERT_TRUE(second->Accept(Host("b", 10, 1.0f)).ok());
-  ASSERT_TRUE(second->Accept(Host("a", 20, 9.0f)).ok());  // a duplicate: the stored copy wins
-  ASSERT_TRUE(second->Accept(Host("b", 20, 4.0f)).ok());
+  EXPECT_EQ(*second->Accept(Host("b", 10, 1.0f)), 10);
+  EXPECT_EQ(*second->Accept(Host("a", 20, 2.0f)), std::nullopt);
+  EXPECT_EQ(*second->Accept(Host("b", 20, 4.0f)), std::nullopt);
+  EXPECT_EQ(*second->Accept(Host("a", 20, 9.0f)), 20);  // committed: the first copy won
   std::vector<v1::GlobalSummary> got;
   for (int i = 0; i < 2; ++i) {
     auto item = (*watcher)->Pop(absl::Seconds(10));
@@ -78,7 +104,7 @@ TEST_F(CoordinatorTelemetryTest, RestartResumesPendingStepsWithoutDuplicates) {
   EXPECT_EQ(got[0].step(), 10);
   EXPECT_EQ(got[1].step(), 20);
   EXPECT_FALSE(got[1].partial());
-  EXPECT_FLOAT_EQ(got[1].values(0).values(0), 3.0f);  // mean of a's stored 2 and b's 4
+  EXPECT_FLOAT_EQ(got[1].values(0).values(0), 3.0f);  // mean of a's 2 and b's 4
 
   // The restarted coordinator's job table does not know the job: it ends with its hosts.
   EXPECT_FALSE(second->HostEnded("job-unknown", "a"));
@@ -130,7 +156,7 @@ TEST_F(CoordinatorTelemetryTest, LateSummaryOfADeadIncarnationIsRefusedAndNotSto
   ASSERT_TRUE((*registry)->Heartbeat("b", "ib").ok());
   clock.Advance(absl::Seconds(5));
   ASSERT_TRUE((*registry)->Heartbeat("b", "ib").ok());
-  absl::StatusOr<int64_t> late = telemetry.Accept(from("a", "ia", 2));
+  auto late = telemetry.Accept(from("a", "ia", 2));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
   EXPECT_NE(late.status().message().find("DEAD"), std::string::npos) << late.status();
   EXPECT_TRUE(telemetry.Accept(from("b", "ib", 2)).ok());
@@ -143,7 +169,9 @@ TEST_F(CoordinatorTelemetryTest, LateSummaryOfADeadIncarnationIsRefusedAndNotSto
   EXPECT_EQ(telemetry.Accept(from("a", "", 3)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
-  // Nothing of a's refused summaries was stored: its history ends at step 1, b's goes on.
+  // Nothing of a's refused summaries was stored: its history ends at step 1, b's goes on (its
+  // step 2 is committed, partial, when the job ends).
+  telemetry.EndJob("job-7");
   EXPECT_EQ(*telemetry.history().PersistedThroughStep("job-7", "a"), 1);
   EXPECT_EQ(*telemetry.history().PersistedThroughStep("job-7", "b"), 2);
   auto stored = telemetry.history().ReadHostSummaries("job-7", 1);

@@ -1,6 +1,8 @@
 #include "coordinator_service/upload_stream.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -39,15 +41,20 @@ class UploadReactor final
     if (caller.ok()) {  // ... and only for a job it is a member of
       caller = membership_->CheckMember(PeerIdentity(*context_), in_.job_id(), in_.incarnation());
     }
-    absl::StatusOr<int64_t> persisted = caller.ok() ? telemetry_->Accept(in_) : caller;
-    absl::MutexLock lock(&mu_);
+    // Routed before the summary is combined, so the commit of its step finds the route.
+    if (caller.ok() && routes_.find(in_.host()) == routes_.end()) {
+      routes_[in_.host()] = telemetry_->RouteAcks(
+          in_.host(), [this](const std::string& job_id, int64_t step) { Ack(job_id, step); });
+    }
+    absl::StatusOr<std::optional<int64_t>> persisted =
+        caller.ok() ? telemetry_->Accept(in_) : caller;
     if (!persisted.ok()) {
+      absl::MutexLock lock(&mu_);
       reads_done_ = true;
       FinishIfIdleLocked(ToGrpcStatus(persisted.status()));
       return;
     }
-    pending_[in_.job_id()] = *persisted;
-    WriteNextLocked();
+    if (*persisted) Ack(in_.job_id(), **persisted);
     StartRead(&in_);
   }
 
@@ -59,9 +66,20 @@ class UploadReactor final
     FinishIfIdleLocked(final_status_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    for (const auto& [host, route] : routes_) telemetry_->UnrouteAcks(host, route);
+    delete this;
+  }
 
  private:
+  // Queues an acknowledgement; runs on a gRPC thread or on the one that committed a step.
+  void Ack(const std::string& job_id, int64_t persisted_through_step) {
+    absl::MutexLock lock(&mu_);
+    int64_t& pending = pending_[job_id];
+    pending = std::max(pending, persisted_through_step);
+    WriteNextLocked();
+  }
+
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || pending_.empty() || finished_) return;
     auto it = pending_.begin();
@@ -85,6 +103,8 @@ class UploadReactor final
   grpc::CallbackServerContext* const context_;
   IdentitySlots::Slot slot_;
   v1::HostSummary in_;
+  // The ack route of each host this stream sent for (read and written by reads only).
+  std::map<std::string, int64_t> routes_;
   absl::Mutex mu_;
   v1::UploadTelemetryAck out_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);

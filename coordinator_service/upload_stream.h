@@ -1,7 +1,10 @@
 // UploadTelemetry's server side: one reactor per worker's telemetry stream. Each host summary is
-// fenced (the caller must be the summary's host, a member of its job), committed, then
-// acknowledged with the host's persisted step. One ack write is in flight at a time; newer acks
-// of a job replace older queued ones, so a slow reader costs nothing but coalesced acks.
+// fenced (the caller must be the summary's host, a member of its job) and combined; it is
+// acknowledged with the host's persisted step once committed, mostly when its step is (through
+// the stream's ack route, CoordinatorTelemetry::RouteAcks). One ack write is in flight at a
+// time; newer acks of a job replace older queued ones, so a slow reader costs nothing but
+// coalesced acks. Acks still owed when the stream ends are not sent: the worker resends those
+// summaries on its next stream.
 //
 // Lifetime: `telemetry` and `membership` must outlive every reactor (the coordinator drains its
 // server before destroying them). Thread-safety: gRPC's callbacks may run concurrently; the

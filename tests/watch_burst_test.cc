@@ -83,7 +83,7 @@ class WatchBurstTest : public ::testing::TestWithParam<bool> {  // true: WatchTe
         series->add_shape(weights);
         series->mutable_values()->Resize(weights, 0.5f);
       }
-      const absl::StatusOr<int64_t> accepted = server_->telemetry().Accept(summary);
+      const auto accepted = server_->telemetry().Accept(summary);
       ASSERT_TRUE(accepted.ok()) << "step " << step << ": " << accepted.status();
     }
   }
