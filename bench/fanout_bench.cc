@@ -23,6 +23,9 @@
 // `--paced_rate` for 10 s report latency below saturation (with the window, the throughput
 // runs' latency is mostly queueing).
 //
+// With `--paced_only 1` it runs only the paced rounds and prints as its last line:
+//   ratio p99_at_<rate>hz_vs_grpc <median over rounds of grpc p99 / meshrun p99>
+//
 // With `--tls_vs_plain 1` it instead runs the meshrun path in plaintext and with mutual TLS on
 // every link (the coordinator's certificate and the access policy; the uploader presents a
 // worker certificate, checked for its host and job membership; the watchers a view
@@ -32,7 +35,8 @@
 // rounds with its IQR, printed on the line above).
 //
 // Usage: meshrun_fanout_bench [--watchers 500] [--summaries 1000] [--window 256] [--rounds 5]
-//                             [--paced_rate 20] [--paced_rounds 3] [--tls_vs_plain 0|1]
+//                             [--paced_rate 20] [--paced_rounds 3] [--paced_only 0|1]
+//                             [--tls_vs_plain 0|1]
 //                             (--rounds: 5, or 9 with --tls_vs_plain 1)
 #include <unistd.h>
 
@@ -162,6 +166,7 @@ struct Options {
   double rate = 0;        // summaries/s; 0 = as fast as the window allows
   double paced_rate = 20;  // the latency runs' rate (0: skip them)
   int paced_rounds = 3;
+  bool paced_only = false;
   bool tls_vs_plain = false;
 };
 
@@ -407,10 +412,11 @@ int Main(int argc, char** argv) {
     else if (flag == "--rounds") options.rounds = value;
     else if (flag == "--paced_rate") options.paced_rate = value;
     else if (flag == "--paced_rounds") options.paced_rounds = value;
+    else if (flag == "--paced_only") options.paced_only = value != 0;
     else if (flag == "--tls_vs_plain") options.tls_vs_plain = value != 0;
     else return Fail("usage", absl::InvalidArgumentError(
                                   "flags: --watchers --summaries --window --rounds --paced_rate "
-                                  "--paced_rounds --tls_vs_plain"));
+                                  "--paced_rounds --paced_only --tls_vs_plain"));
   }
   constexpr int kTlsRounds = 9;  // fanout_tls_vs_plain is judged on at least this many
   if (options.rounds == 0) options.rounds = options.tls_vs_plain ? kTlsRounds : 5;
@@ -421,6 +427,9 @@ int Main(int argc, char** argv) {
                              "--watchers and --rounds >= 1, --summaries >= 2 (step 1 is "
                              "untimed), --paced_rate >= 0, 1 <= --window < 1024 (the "
                              "coordinator's per-watcher queue)"));
+  }
+  if (options.paced_only && options.paced_rate <= 0) {
+    return Fail("flags", absl::InvalidArgumentError("--paced_only 1 needs --paced_rate > 0"));
   }
   if (options.tls_vs_plain) {  // the meshrun path in plaintext and with mutual TLS
     absl::StatusOr<std::vector<double>> ratios = Compare(
@@ -445,6 +454,7 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(dir);
     return f;
   };
+  if (options.paced_only) options.rounds = 0;
   std::printf("fanout: %d watchers, %lld summaries, window %lld, %d rounds\n", options.watchers,
               static_cast<long long>(options.summaries), static_cast<long long>(options.window),
               options.rounds);
@@ -469,15 +479,17 @@ int Main(int argc, char** argv) {
                 first_delivery[1].back());
     std::fflush(stdout);
   }
-  for (int path = 0; path < 2; ++path) {
+  for (int path = 0; path < 2 && !options.paced_only; ++path) {
     std::printf("%-8s %12.0f deliveries/s  (%8.1f summaries/s)  cpu %5.2f us/delivery  "
                 "latency p50 %7.2f ms  p99 %7.2f ms  %5.1f summaries/message (medians)\n",
                 path == 0 ? "grpc" : "meshrun", Median(rate[path]),
                 Median(rate[path]) / options.watchers, Median(cpu[path]), Median(p50[path]),
                 Median(p99[path]), Median(batch[path]));
   }
-  std::printf("deliveries/s: grpc %s\n", Spread(rate[0], 0).c_str());
-  std::printf("deliveries/s: meshrun %s\n", Spread(rate[1], 0).c_str());
+  if (!options.paced_only) {
+    std::printf("deliveries/s: grpc %s\n", Spread(rate[0], 0).c_str());
+    std::printf("deliveries/s: meshrun %s\n", Spread(rate[1], 0).c_str());
+  }
   // Latency below saturation: the same fan-out at a steady rate both sustain, alternating.
   if (options.paced_rate > 0) {
     Options paced = options;
@@ -498,6 +510,15 @@ int Main(int argc, char** argv) {
                 Spread(paced_p99[0], 2).c_str());
     std::printf("paced at %.0f summaries/s: latency meshrun p50 %.2f ms, p99 %s ms\n",
                 paced.rate, Median(paced_p50[1]), Spread(paced_p99[1], 2).c_str());
+    if (options.paced_only) {
+      std::vector<double> p99_ratios;
+      for (int round = 0; round < options.paced_rounds; ++round) {
+        p99_ratios.push_back(paced_p99[0][round] / paced_p99[1][round]);
+      }
+      std::printf("per-round grpc/meshrun p99 %s\n", Spread(p99_ratios).c_str());
+      std::printf("ratio p99_at_%.0fhz_vs_grpc %.3f\n", paced.rate, Median(p99_ratios));
+      return 0;
+    }
   }
   std::printf("per-round meshrun/grpc deliveries/s %s\n", Spread(ratios).c_str());
   std::printf("ratio fanout_vs_grpc %.3f\n", Median(ratios));

@@ -6,9 +6,10 @@
 // Durability: a call that returns OK has committed its transaction. With the default
 // `synchronous_full` the commit is fsynced (survives power loss); with it off
 // (synchronous=NORMAL) a commit survives the process being killed (kill -9) but not the
-// machine losing power. An acknowledgement (UploadTelemetryAck) must only be sent after
-// AppendHost returned OK; a summary must only be published (WatchHub::Publish) after Append
-// returned OK — the hub's backfill/live seam relies on it.
+// machine losing power. An acknowledgement (UploadTelemetryAck) must only be sent after the
+// host summary was committed: by the Append of the global summary holding it in host_detail,
+// or by AppendHost (a late one); a summary must only be published (WatchHub::Publish) after
+// Append returned OK — the hub's backfill/live seam relies on it.
 //
 // Schema (user_version 1):
 //   jobs(job_id, created_micros, latest_step)               one row per job with history
@@ -135,7 +136,7 @@ class HistoryStore {
 
   // Commits one host summary (ignored when that job/step/host is already stored) and returns
   // the host's persisted_through_step: the highest step of that host committed for the job.
-  // Registers the job when new. Group commit: the summaries of concurrent callers go into one
+  // For summaries outside a combined step (late ones). Registers the job when new. Group commit: the summaries of concurrent callers go into one
   // transaction (one fsync), led by whichever caller finds none under way; each returns once
   // its own is committed. Errors: INVALID_ARGUMENT (empty job_id or host, step < 1); a failed
   // transaction's, for every summary in it.
