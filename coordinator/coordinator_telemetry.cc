@@ -193,7 +193,8 @@ absl::Status CoordinatorTelemetry::ResumeJob(const std::string& job_id, const st
   RETURN_IF_ERROR(hub_->OpenJob(job_id, std::move(series)));
   SetRun(job_id, job.attempts_size(), std::nullopt);
   RETURN_IF_ERROR(StartCombining(job, latest));
-  // Steps acknowledged to workers but not yet combined at the crash.
+  // Host summaries stored past the last combined step: only a history written before steps
+  // were committed whole holds them (acknowledged then, so no worker resends them).
   ASSIGN_OR_RETURN(std::vector<v1::HostSummary> pending,
                    history_->ReadHostSummaries(job_id, latest));
   for (const v1::HostSummary& summary : pending) RETURN_IF_ERROR(combiner_->Add(summary).status());
