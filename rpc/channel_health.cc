@@ -2,6 +2,8 @@
 
 #include <grpc/grpc.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 
 namespace meshrun::services {
@@ -35,6 +37,12 @@ void ReconnectIfFailing(grpc::Channel& channel, absl::Duration wait) {
     if (!channel.WaitForStateChange(state, absl::ToChronoTime(give_up))) break;
     state = channel.GetState(/*try_to_connect=*/true);
   }
+}
+
+absl::Time HeartbeatTick(absl::Time t, absl::Duration interval) {
+  const absl::Duration tick = std::min(interval / 20, absl::Seconds(1));
+  if (tick <= absl::ZeroDuration()) return t;
+  return absl::UnixEpoch() + absl::Floor(t - absl::UnixEpoch(), tick);
 }
 
 }  // namespace meshrun::services

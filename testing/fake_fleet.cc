@@ -12,6 +12,7 @@
 #include "common/protocol.h"
 #include "common/sha256.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "rpc/channel_health.h"
 
 namespace meshrun::test_support {
 
@@ -387,8 +388,9 @@ absl::Status FakeFleet::Start() {
 }
 
 // Each host beats once per interval, on its heartbeat stream or by a Heartbeat call each, the
-// hosts spread evenly over it as independent hosts' timers would be; each beat's round trip is
-// recorded.
+// hosts' phases spread evenly over it as independent hosts' registrations would spread them,
+// each beat sent on the heartbeat tick a worker would send it on (HeartbeatTick); each beat's
+// round trip is recorded.
 void FakeFleet::HeartbeatLoop() {
   struct Beat {
     grpc::ClientContext context;
@@ -401,8 +403,9 @@ void FakeFleet::HeartbeatLoop() {
   while (!stop_) {
     for (int i = 0; i < n && !stop_; ++i) {
       next += heartbeat_interval_ / n;
-      for (absl::Duration wait = next - absl::Now(); wait > absl::ZeroDuration() && !stop_;
-           wait = next - absl::Now()) {
+      const absl::Time due = services::HeartbeatTick(next, heartbeat_interval_);
+      for (absl::Duration wait = due - absl::Now(); wait > absl::ZeroDuration() && !stop_;
+           wait = due - absl::Now()) {
         absl::SleepFor(std::min(wait, absl::Milliseconds(100)));  // stop_ seen within 100 ms
       }
       if (stop_) break;

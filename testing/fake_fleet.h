@@ -76,6 +76,8 @@ class FakeFleet {
 
   Figures GetFigures() const;
   void ResetHeartbeatFigures();
+  // What the coordinator asked for at registration; valid after Start.
+  absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
  private:
   class WorkerService;

@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
+#include "rpc/channel_health.h"
 #include "rpc/proto_convert.h"
 #include "rpc/server_support.h"
 
@@ -99,6 +100,12 @@ absl::Status WorkerServer::Heartbeat() {
   return FromGrpcStatus(coordinator_->Heartbeat(context.get(), request, &response));
 }
 
+absl::Duration WorkerServer::UntilNextBeat() const {
+  const absl::Duration interval = absl::Milliseconds(heartbeat_interval_millis_.load());
+  const absl::Time now = absl::Now();
+  return HeartbeatTick(now + interval, interval) - now;
+}
+
 void WorkerServer::RegistrationLoop() {
   absl::Duration backoff = absl::Milliseconds(100);
   int failures = 0;
@@ -112,7 +119,7 @@ void WorkerServer::RegistrationLoop() {
         backoff = absl::Milliseconds(100);
         spdlog::info("registered with coordinator {} as incarnation {}", config_.coordinator,
                      incarnation());
-        wait = absl::Milliseconds(heartbeat_interval_millis_.load());
+        wait = UntilNextBeat();
       } else {
         // Log the first failure and then every tenth, so a long outage does not flood logs.
         if (failures++ % 10 == 0) {
@@ -148,7 +155,7 @@ void WorkerServer::RegistrationLoop() {
       } else if (!status.ok()) {
         spdlog::warn("heartbeat failed: {}", status.ToString());
       }
-      wait = registered_ ? absl::Milliseconds(heartbeat_interval_millis_.load()) : absl::ZeroDuration();
+      wait = registered_ ? UntilNextBeat() : absl::ZeroDuration();
     }
     if (registered_ && !unary_heartbeats_) {
       heartbeats_->Wait(wait);  // wakes early when the stream ends: a refusal is acted on at once

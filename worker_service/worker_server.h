@@ -110,6 +110,8 @@ class WorkerServer {
   // the loop that keeps them going until Drain.
   static std::string FreshIncarnation();
   void RegistrationLoop();
+  // How long until the next beat: the interval, ending on a heartbeat tick (HeartbeatTick).
+  absl::Duration UntilNextBeat() const;
   absl::Status Register();
   absl::Status Heartbeat();
   absl::Status StartJob(const v1::StartJobRequest& request);
