@@ -107,6 +107,7 @@ void KeyValueStore::GetAsync(const std::string& key, absl::Time deadline, GetCal
           config_.max_waiters, " calls already wait for keys; retry later"));
     } else {
       get_waiters_.emplace(key, GetWaiter{key, deadline, std::move(done)});
+      waiter_added_ = true;
       return;
     }
   }
@@ -196,6 +197,7 @@ void KeyValueStore::WaitAtBarrier(const std::string& barrier_id, const std::stri
         barrier.arrived.insert(task);
         if (barrier.arrived != barrier.tasks) {
           barrier.waiters.emplace_back(deadline, std::move(done));
+          waiter_added_ = true;
           return;
         }
         barrier.complete = true;
@@ -216,7 +218,13 @@ void KeyValueStore::TimerLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (shutting_down_) return;
-      mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), kTimerPeriod);
+      // Polls while a call waits; otherwise sleeps until one does (or the next collection), so
+      // an idle coordinator is not woken 100 times a second.
+      bool waiting = !get_waiters_.empty();
+      for (const auto& [id, barrier] : barriers_) waiting = waiting || !barrier.waiters.empty();
+      mu_.AwaitWithTimeout(absl::Condition(this, &KeyValueStore::TimerHasWorkLocked),
+                           waiting ? kTimerPeriod : absl::Seconds(1));
+      waiter_added_ = false;
       if (shutting_down_) return;
       const absl::Time now = absl::Now();
       if (now - collected >= absl::Seconds(1)) {

@@ -123,6 +123,9 @@ class KeyValueStore {
 
   explicit KeyValueStore(Config config);
   void TimerLoop();
+  bool TimerHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutting_down_ || waiter_added_;
+  }
   // Checks the quotas for setting `key` (new or replacing `old_bytes`) to `bytes` bytes.
   absl::Status CheckQuotaLocked(const std::string& key, bool exists, int64_t old_bytes,
                                 int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -138,6 +141,7 @@ class KeyValueStore {
   Usage total_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Usage> namespaces_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool waiter_added_ ABSL_GUARDED_BY(mu_) = false;  // wakes TimerLoop to poll for its deadline
   std::thread timer_;
 };
 
