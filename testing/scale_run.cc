@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,7 +90,14 @@ class CoordinatorProcess {
   const std::string& address() const { return address_; }
 
   // CPU seconds the process has used (user + system), from /proc/<pid>/stat.
+  // Nanosecond-exact where the kernel lets us read the process's CPU clock (/proc/<pid>/stat
+  // counts 10 ms ticks: 10 us per beat at 1024 hosts), else from /proc.
   double CpuSeconds() const {
+    clockid_t clock;
+    timespec now;
+    if (clock_getcpuclockid(pid_, &clock) == 0 && clock_gettime(clock, &now) == 0) {
+      return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+    }
     std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "(comm) "
@@ -195,12 +203,20 @@ absl::StatusOr<ScaleFigures> RunAtScale(const ScaleOptions& options) {
   RETURN_IF_ERROR(fleet.Start());
   figures.register_cpu_per_host_ms = (coordinator->CpuSeconds() - cpu) * 1e3 / options.hosts;
   figures.rss_mib_registered = coordinator->Status("VmRSS") / 1024.0;
-  absl::SleepFor(absl::Milliseconds(500));  // the first beats are under way
+  // A host's first beat opens its stream (a new call); wait out that first round, bounded, so
+  // that what follows prices the beats a long-lived fleet sends.
+  const absl::Time opened_by = absl::Now() + 2 * fleet.heartbeat_interval() + absl::Seconds(1);
+  while (fleet.GetFigures().heartbeats < options.hosts && absl::Now() < opened_by) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   fleet.ResetHeartbeatFigures();
+  // At least one whole interval: every host beats in it, and the CPU clock's 10 ms ticks are
+  // small against what the beats cost.
+  const absl::Duration idle = std::max(options.idle, fleet.heartbeat_interval());
   cpu = coordinator->CpuSeconds();
-  absl::SleepFor(options.idle);
+  absl::SleepFor(idle);
   const double idle_cpu = coordinator->CpuSeconds() - cpu;
-  const double idle_rate = idle_cpu / absl::ToDoubleSeconds(options.idle);
+  const double idle_rate = idle_cpu / absl::ToDoubleSeconds(idle);
   const int64_t beats = std::max<int64_t>(1, fleet.GetFigures().heartbeats);
   figures.heartbeat_cpu_per_beat_us = idle_cpu * 1e6 / static_cast<double>(beats);
   figures.heartbeat_core_share = idle_rate;

@@ -24,7 +24,7 @@ struct ScaleOptions {
   int devices_per_host = 4;
   int steps = 10;                             // logging steps, cadence 1
   absl::Duration step_period = absl::Seconds(1);
-  absl::Duration idle = absl::Seconds(3);     // heartbeats alone, to price one beat
+  absl::Duration idle = absl::Seconds(3);  // beats alone, to price one (an interval at least)
   absl::Duration launch_timeout = absl::Seconds(120);
   int64_t executable_bytes = 64 << 10;
   std::vector<std::string> coordinator_flags;  // e.g. "--heartbeat_timeout=60s"
