@@ -548,7 +548,7 @@ void CoordinatorServer::Drain(absl::Duration deadline) {
   if (http_) http_->Stop();  // its streams end; it calls into the handler no more
   kv_->CancelWaiters();  // long waits end now, cleanly, rather than at the deadline
   DrainServer(*server_, deadline);
-  heartbeat_queue_->Shutdown();  // the server is down: Run drains what is left and returns
+  heartbeats_->ShutdownQueue();  // the server is down: Run drains what is left and returns
   heartbeat_thread_.join();
   service_->JoinSlowCalls();  // they finish their calls, bounded by their workers' deadlines
   stop_sweeper_.Notify();

@@ -21,6 +21,7 @@ class HeartbeatStreams::Call {
     Op op;
   };
 
+  // Asks for the next worker's stream; HeartbeatStreams::RequestNext only, its queue open.
   explicit Call(HeartbeatStreams* owner) : owner_(owner) {
     ++in_flight_;
     owner_->request_(&context_, &stream_, owner_->queue_, &accept_);
@@ -32,7 +33,7 @@ class HeartbeatStreams::Call {
     switch (op) {
       case Op::kAccept:
         if (!ok) return false;  // the server shuts down
-        new Call(owner_);       // the next worker's stream
+        owner_->RequestNext();  // the next worker's stream
         Accepted();
         break;
       case Op::kRead:
@@ -55,7 +56,9 @@ class HeartbeatStreams::Call {
       case Op::kFinish:
         break;
     }
-    return in_flight_ > 0 || !finished_;
+    // Once the queue is shut down no operation starts (StartOp): a call is done when none
+    // is in flight, finished or not.
+    return in_flight_ > 0 || (!finished_ && !owner_->QueueShutDown());
   }
 
  private:
@@ -82,15 +85,14 @@ class HeartbeatStreams::Call {
     return owner_->handler_->Heartbeat(beat_, nullptr);
   }
   void Read() {
-    ++in_flight_;
-    stream_.Read(&beat_, &read_);
+    if (owner_->StartOp([&] { stream_.Read(&beat_, &read_); })) ++in_flight_;
   }
   void WriteAck() {
     if (writing_ || acks_owed_ == 0 || ending_.has_value()) return;
+    if (!owner_->StartOp([&] { stream_.Write(ack_, &write_); })) return;
     --acks_owed_;
     writing_ = true;
     ++in_flight_;
-    stream_.Write(ack_, &write_);
   }
   // Ends the stream with `status` once no write is in flight (gRPC allows one at a time).
   void FinishWhenIdle(grpc::Status status) {
@@ -100,8 +102,7 @@ class HeartbeatStreams::Call {
   void Finish() {
     if (finished_) return;
     finished_ = true;
-    ++in_flight_;
-    stream_.Finish(*ending_, &finish_);
+    if (owner_->StartOp([&] { stream_.Finish(*ending_, &finish_); })) ++in_flight_;
   }
 
   HeartbeatStreams* const owner_;
@@ -121,8 +122,31 @@ class HeartbeatStreams::Call {
   bool finished_ = false;
 };
 
+void HeartbeatStreams::RequestNext() {
+  absl::MutexLock lock(&mu_);
+  if (!queue_shut_down_) new Call(this);
+}
+
+bool HeartbeatStreams::StartOp(const std::function<void()>& start) {
+  absl::MutexLock lock(&mu_);
+  if (queue_shut_down_) return false;
+  start();
+  return true;
+}
+
+bool HeartbeatStreams::QueueShutDown() const {
+  absl::MutexLock lock(&mu_);
+  return queue_shut_down_;
+}
+
+void HeartbeatStreams::ShutdownQueue() {
+  absl::MutexLock lock(&mu_);
+  queue_shut_down_ = true;
+  queue_->Shutdown();
+}
+
 void HeartbeatStreams::Run() {
-  new Call(this);
+  RequestNext();
   void* tag = nullptr;
   bool ok = false;
   while (queue_->Next(&tag, &ok)) {

@@ -14,14 +14,18 @@
 // holds a slot of `slots` (RESOURCE_EXHAUSTED past --max_upload_streams).
 //
 // Lifetime: construct before the server starts (it needs the server's queue), call Run on a
-// thread of its own after; Run returns once the server has shut down and the queue was shut
-// down and drained. `handler` and `slots` must outlive Run. Thread-safety: all state is Run's.
+// thread of its own after; Run returns once the server has shut down and ShutdownQueue drained
+// the queue. `handler` and `slots` must outlive Run. Thread-safety: the streams are Run's;
+// ShutdownQueue may be called from any thread (gRPC aborts the process when an operation
+// starts on a shut-down queue, so every start is checked against it under one lock).
 #pragma once
 
 #include <functional>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator_service/coordinator_rpc_handler.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "rpc/identity_slots.h"
@@ -41,13 +45,23 @@ class HeartbeatStreams {
 
   // Serves streams until the queue is shut down (after the server: CoordinatorServer::Drain).
   void Run();
+  // Shuts the queue down, once the server has: Run then drains it and returns. No stream
+  // operation starts afterwards.
+  void ShutdownQueue();
 
  private:
   class Call;
+  void RequestNext();  // asks for the next worker's stream, unless the queue is shut down
+  // Runs `start` (which starts one operation on the queue) unless the queue is shut down;
+  // false when it did not.
+  bool StartOp(const std::function<void()>& start);
+  bool QueueShutDown() const;
   const RequestFn request_;
   grpc::ServerCompletionQueue* const queue_;
   CoordinatorRpcHandler* const handler_;
   IdentitySlots* const slots_;
+  mutable absl::Mutex mu_;
+  bool queue_shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace meshrun::services
