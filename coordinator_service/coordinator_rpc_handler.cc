@@ -318,7 +318,8 @@ absl::Status CoordinatorRpcHandler::GetMetrics(const v1::GetMetricsRequest& requ
   std::vector<grpc::Status> rpcs(hosts.size());
   RunConcurrently(hosts.size(), [&](size_t i) {
     auto context = ContextWithTimeout(absl::Seconds(5));
-    rpcs[i] = v1::Worker::NewStub(MakeWorkerChannel(hosts[i].second, hosts[i].first))
+    rpcs[i] = launcher_->channels()
+                  .At(hosts[i].first, hosts[i].second)
                   ->GetStatus(context.get(), v1::GetStatusRequest(), &statuses[i]);
   });
   for (size_t i = 0; i < hosts.size(); ++i) {
@@ -341,7 +342,8 @@ absl::Status CoordinatorRpcHandler::GetDeviceMemory(const v1::GetDeviceMemoryReq
   ask.set_runtime_name(request.runtime_name());
   v1::WorkerDeviceMemoryResponse answer;
   auto context = ContextWithTimeout(absl::Seconds(5));
-  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeWorkerChannel(address, request.host()))
+  RETURN_IF_ERROR(FromGrpcStatus(launcher_->channels()
+                                     .At(request.host(), address)
                                      ->GetDeviceMemory(context.get(), ask, &answer)));
   *response->mutable_devices() = answer.devices();
   return absl::OkStatus();
@@ -353,7 +355,8 @@ absl::Status CoordinatorRpcHandler::DrainWorker(const v1::DrainWorkerRequest& re
   ASSIGN_OR_RETURN(std::string address, AliveAddress(*registry_, request.host()));
   v1::DrainResponse answer;
   auto context = ContextWithTimeout(absl::Seconds(5));
-  RETURN_IF_ERROR(FromGrpcStatus(v1::Worker::NewStub(MakeWorkerChannel(address, request.host()))
+  RETURN_IF_ERROR(FromGrpcStatus(launcher_->channels()
+                                     .At(request.host(), address)
                                      ->Drain(context.get(), v1::DrainRequest(), &answer)));
   spdlog::info("worker {} asked to drain", request.host());
   return absl::OkStatus();

@@ -473,8 +473,21 @@ void CoordinatorServer::SweepLiveness() {
       launcher_->OnWorkerDead(dead);
     }
     launcher_->FailHungJobs();
+    ForgetUnusedChannels();
     CheckRestoredJobs();
     PruneFinished();
+  }
+}
+
+void CoordinatorServer::ForgetUnusedChannels() {
+  std::set<std::string> alive;
+  for (const coordinator::WorkerEntry& entry : registry_->List()) {
+    if (entry.state == coordinator::WorkerState::kAlive) {
+      alive.insert(WorkerChannels::Key(entry.info.host, entry.info.address));
+    }
+  }
+  if (const int dropped = launcher_->channels().KeepOnly(alive); dropped > 0) {
+    spdlog::debug("closed the channels to {} workers no longer alive there", dropped);
   }
 }
 

@@ -96,6 +96,7 @@ class CoordinatorServer {
   static std::function<void(const std::string&, int64_t, const std::string&)> NonFiniteRecorder(
       CoordinatorServer* server);
   // limits: --history_retention, and finished jobs past --job_retention/--max_finished_jobs.
+  void ForgetUnusedChannels();  // sweeper only: closes those of workers no longer alive there
   void PruneFinished();     // sweeper only: every minute, or sooner past --max_finished_jobs
   absl::Time pruned_at_;    // sweeper only
   CoordinatorLimits limits_;

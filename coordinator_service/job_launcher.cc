@@ -48,24 +48,6 @@ void JobLauncher::Launch(const std::string& job_id, int attempts) {
   });
 }
 
-const JobLauncher::Peer& JobLauncher::PeerAt(const WorkerInfo& worker,
-                                             absl::Duration reconnect_wait) {
-  // security: the worker called must present the identity of the host the job was given, never
-  // one looked up by address (an address may change hands; the registry keeps one owner each).
-  Peer* peer;  // map nodes are stable, and a peer is never replaced
-  {
-    absl::MutexLock lock(&mu_);
-    peer = &peers_[absl::StrCat(worker.host, "@", worker.address)];
-    if (peer->channel == nullptr) {
-      peer->channel = MakeWorkerChannel(worker.address, worker.host);
-      peer->stub = v1::Worker::NewStub(peer->channel);
-    }
-  }
-  // A worker restarted at this address: reach the new process, not the old channel's backoff.
-  ReconnectIfFailing(*peer->channel, reconnect_wait);
-  return *peer;
-}
-
 absl::StatusOr<JobLauncher::Assignment> JobLauncher::Plan(const v1::JobManifest& job) {
   const std::string& job_id = job.job_id();
   const v1::JobSpec& spec = job.spec();
@@ -260,7 +242,7 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);
     started[i] =
-        FromGrpcStatus(WorkerStub(assigned.hosts[i]).StartJob(context.get(), request, &response));
+        FromGrpcStatus(WorkerStub(assigned.hosts[i])->StartJob(context.get(), request, &response));
   });
   for (size_t i = 0; i < started.size(); ++i) {  // the first host, in mesh order, that failed
     if (started[i].ok()) continue;
@@ -326,8 +308,8 @@ void JobLauncher::StopWorkers(const v1::JobManifest& job) {
     // No wait for a failing channel: its host is most likely the one lost (gRPC keeps the
     // channel failing until a connection succeeds, so the wait would run out), and a live host
     // missed here is stopped by the next run's StartJob (WorkerServer::StopEarlierRun).
-    grpc::Status status = WorkerStub(running[i], absl::ZeroDuration())
-                              .StopJob(context.get(), request, &response);
+    grpc::Status status =
+        WorkerStub(running[i], absl::ZeroDuration())->StopJob(context.get(), request, &response);
     if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
       spdlog::warn("stopping job {} on {}: {}", job.job_id(), running[i].host,
                    status.error_message());
@@ -472,7 +454,7 @@ std::string JobLauncher::UnreachableHost(const v1::JobManifest& job, const std::
     v1::GetStatusRequest request;
     v1::WorkerStatusReport status;
     auto context = ContextWithTimeout(absl::Seconds(1));
-    if (!WorkerStub(entry.info, kProbeReconnectWait).GetStatus(context.get(), request, &status)
+    if (!WorkerStub(entry.info, kProbeReconnectWait)->GetStatus(context.get(), request, &status)
              .ok() ||
         status.incarnation() != it->second) {
       return entry.info.host;

@@ -44,6 +44,7 @@
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "coordinator/coordinator_telemetry.h"
 #include "coordinator_service/target_compilers.h"
+#include "coordinator_service/worker_channels.h"
 #include "runtime/runtime.h"
 
 namespace meshrun::services {
@@ -68,6 +69,9 @@ class JobLauncher {
 
   explicit JobLauncher(Config config);
   ~JobLauncher();
+
+  // The channels to the workers, which the coordinator's other calls to them share.
+  WorkerChannels& channels() { return channels_; }
 
   // A worker's progress, from its heartbeat, for hang detection (Config::progress).
   void ReportProgress(const std::string& host, const std::string& job_id, int64_t step,
@@ -200,30 +204,24 @@ class JobLauncher {
   // Called once a job reached a final state: its telemetry ends after what is pending, its
   // uncommitted checkpoints are discarded.
   void Finished(const std::string& job_id);
-  struct Peer {  // one channel per worker host and address, shared by its stub and transfers
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Worker::Stub> stub;
-  };
   // `reconnect_wait`: how long a call waits for a failing channel to connect again (a worker
   // restarted at the same address). gRPC keeps such a channel failing until a connection
   // succeeds, so to a dead host the whole wait is spent: calls on a restart's path wait less.
   static constexpr absl::Duration kLaunchReconnectWait = absl::Seconds(3);
   static constexpr absl::Duration kProbeReconnectWait = absl::Milliseconds(500);
-  const Peer& PeerAt(const coordinator::WorkerInfo& worker,
-                     absl::Duration reconnect_wait = kLaunchReconnectWait);
-  v1::Worker::Stub& WorkerStub(const coordinator::WorkerInfo& worker,
-                               absl::Duration reconnect_wait = kLaunchReconnectWait) {
-    return *PeerAt(worker, reconnect_wait).stub;
+  WorkerChannels::Worker WorkerStub(const coordinator::WorkerInfo& worker,
+                                    absl::Duration reconnect_wait = kLaunchReconnectWait) {
+    return channels_.At(worker.host, worker.address, reconnect_wait);
   }
 
   const Config config_;
+  WorkerChannels channels_;  // before launches_: a launch in flight uses it
   BackgroundTasks launches_;
   // Held from a launch's Plan until its hosts are booked in the job table, so concurrent
   // launches never book the same host twice (taken before mu_, never while waiting).
   absl::Mutex booking_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> succeeded_hosts_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by host@address; entries stay put
   coordinator::CheckpointCommits commits_{config_.jobs};
   // Restarting jobs: the host incarnation whose failure restarted each, which its next run
   // must not be planned onto (it may still look alive until its heartbeat times out).

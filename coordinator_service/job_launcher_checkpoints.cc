@@ -46,7 +46,7 @@ absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bo
     v1::CheckpointNowResponse response;
     auto context = ContextWithTimeout(absl::Seconds(5));
     const grpc::Status status =
-        WorkerStub(hosts[0]).CheckpointNow(context.get(), request, &response);
+        WorkerStub(hosts[0])->CheckpointNow(context.get(), request, &response);
     if (!status.ok()) {
       return absl::UnavailableError(absl::StrCat("checkpoint request not delivered to ",
                                                  hosts[0].host, ": ", status.error_message()));
@@ -65,7 +65,7 @@ absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bo
       v1::GetStatusRequest request;
       v1::WorkerStatusReport status;
       auto context = ContextWithTimeout(absl::Seconds(5));
-      if (WorkerStub(hosts[i]).GetStatus(context.get(), request, &status).ok() &&
+      if (WorkerStub(hosts[i])->GetStatus(context.get(), request, &status).ok() &&
           status.running_job_id() == job_id) {
         at[i] = status.current_step();
       }
@@ -81,7 +81,7 @@ absl::StatusOr<int64_t> JobLauncher::CheckpointNow(const std::string& job_id, bo
       request.set_then_stop(then_stop);
       v1::CheckpointNowResponse response;
       auto context = ContextWithTimeout(absl::Seconds(5));
-      answers[i] = WorkerStub(hosts[i]).CheckpointNow(context.get(), request, &response);
+      answers[i] = WorkerStub(hosts[i])->CheckpointNow(context.get(), request, &response);
     });
     std::vector<std::string> failed;
     bool passed = false;
@@ -237,7 +237,7 @@ std::optional<v1::MemoryRestore> JobLauncher::NewestMemoryCheckpoint(const v1::J
     v1::GetStatusRequest request;
     v1::WorkerStatusReport status;
     auto context = ContextWithTimeout(absl::Seconds(1));
-    if (WorkerStub(alive[i], kProbeReconnectWait).GetStatus(context.get(), request, &status)
+    if (WorkerStub(alive[i], kProbeReconnectWait)->GetStatus(context.get(), request, &status)
             .ok() &&
         status.incarnation() == alive[i].incarnation) {
       survivors[i].held.assign(status.memory_checkpoints().begin(),

@@ -148,7 +148,7 @@ absl::Status JobLauncher::DistributeExecutables(const std::string& job_id,
   // Every worker at once, skipping what each already holds.
   std::vector<absl::StatusOr<int64_t>> sent(hosts.size(), int64_t{0});
   RunConcurrently(hosts.size(), [&](size_t i) {
-    std::set<std::string> held = HeldBy(WorkerStub(hosts[i]), hosts[i]);
+    std::set<std::string> held = HeldBy(*WorkerStub(hosts[i]), hosts[i]);
     if (hosts[i].host == compiler) {
       held.insert(compiled.compiled_by_worker.begin(), compiled.compiled_by_worker.end());
     }
@@ -178,11 +178,11 @@ absl::StatusOr<int64_t> JobLauncher::Distribute(
     if (!held.contains(fingerprint)) {
       const TransferOptions options{.chunk_bytes = config_.chunk_bytes,
                                     .base_timeout = config_.rpc_timeout};
-      absl::Status sent = SendExecutable(PeerAt(host).channel, executable, options);
+      absl::Status sent = SendExecutable(WorkerStub(host).channel(), executable, options);
       if (absl::IsDataLoss(sent)) {  // corrupted in flight: one retry
         spdlog::warn("job {}: transfer to {} failed ({}); retrying", job_id, host.host,
                      sent.ToString());
-        sent = SendExecutable(PeerAt(host).channel, executable, options);
+        sent = SendExecutable(WorkerStub(host).channel(), executable, options);
       }
       RETURN_IF_ERROR(sent);
       bytes_sent += static_cast<int64_t>(executable.size());
@@ -212,8 +212,9 @@ absl::StatusOr<std::string> JobLauncher::CompileOnWorker(const WorkerInfo& host,
   v1::CompileProgramRequest request;
   *request.mutable_program() = program;
   request.set_compile_options(compile_options);
+  const WorkerChannels::Worker worker = WorkerStub(host);  // its channel outlives the reader
   std::unique_ptr<grpc::ClientReader<v1::LoadExecutableChunk>> reader =
-      WorkerStub(host).CompileProgram(context.get(), request);
+      worker->CompileProgram(context.get(), request);
   std::string bytes;
   std::string announced_sha256;
   int64_t total = -1;
