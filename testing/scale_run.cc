@@ -302,6 +302,20 @@ absl::StatusOr<ScaleFigures> RunAtScale(const ScaleOptions& options) {
     if (worker.state() != v1::WORKER_STATE_ALIVE) ++figures.hosts_not_alive;
   }
   figures.hosts_not_alive += options.hosts - workers.workers_size();
+  std::vector<double> scrapes;
+  cpu = coordinator->CpuSeconds();
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext metrics_context;
+    v1::GetMetricsResponse metrics;
+    const absl::Time asked = absl::Now();
+    RETURN_IF_ERROR(FromGrpc(stub->GetMetrics(WithDeadline(metrics_context, absl::Seconds(30)),
+                                              v1::GetMetricsRequest(), &metrics),
+                             "GetMetrics"));
+    scrapes.push_back(absl::ToDoubleMilliseconds(absl::Now() - asked));
+  }
+  figures.metrics_scrape_cpu_ms = (coordinator->CpuSeconds() - cpu) * 1e3 / 3;
+  std::sort(scrapes.begin(), scrapes.end());
+  figures.metrics_scrape_ms = scrapes[1];
   grpc::ClientContext cancel_context;
   v1::CancelJobRequest cancel;
   cancel.set_job_id(job_id);
@@ -320,13 +334,15 @@ std::string DescribeFigures(const ScaleFigures& f) {
       "of a core); launch %s in %.2f s (LOADING->RUNNING %.2f s), %d threads, StartJob %d "
       "bytes/host (max %d), worst heartbeat %.3f s, RSS %.0f MiB; telemetry %d summaries "
       "(%d breaks), %.2f ms CPU/step = %.1f us/host summary, latency p50 %.1f / p99 %.1f ms, "
-      "worst heartbeat %.3f s; %d heartbeats refused, %d hosts not alive, %d uploads refused%s%s%s%s",
+      "worst heartbeat %.3f s; metrics scrape %.1f ms (%.1f ms CPU); %d heartbeats refused, "
+      "%d hosts not alive, %d uploads refused%s%s%s%s",
       f.hosts, f.register_cpu_per_host_ms, f.rss_mib_registered, f.heartbeat_cpu_per_beat_us,
       f.heartbeat_core_share * 100, f.job_state, f.submit_to_running_s, f.loading_to_running_s,
       f.peak_threads, f.start_job_bytes_per_host, f.start_job_max_bytes,
       f.worst_heartbeat_launch_s, f.rss_mib_launched, f.global_summaries, f.summary_breaks,
       f.telemetry_cpu_per_step_ms, f.telemetry_cpu_per_summary_us, f.summary_latency_p50_ms,
-      f.summary_latency_p99_ms, f.worst_heartbeat_telemetry_s, f.heartbeat_errors,
+      f.summary_latency_p99_ms, f.worst_heartbeat_telemetry_s, f.metrics_scrape_ms,
+      f.metrics_scrape_cpu_ms, f.heartbeat_errors,
       f.hosts_not_alive, f.summaries_refused, f.job_error.empty() ? "" : "; job error: ",
       f.job_error, f.fleet_error.empty() ? "" : "; fleet saw: ", f.fleet_error);
 }

@@ -56,6 +56,9 @@ struct ScaleFigures {
   double summary_latency_p50_ms = 0;        // last host summary sent -> global summary read
   double summary_latency_p99_ms = 0;
   double worst_heartbeat_telemetry_s = 0;
+  // One GetMetrics of every host (the dashboard's and Prometheus' scrape), after the launch.
+  double metrics_scrape_ms = 0;      // the median of three
+  double metrics_scrape_cpu_ms = 0;  // the coordinator's, per scrape
   // Over the whole run.
   int64_t heartbeat_errors = 0;     // beats refused (a host the coordinator forgot)
   int64_t hosts_not_alive = 0;      // after the telemetry phase, by ListWorkers
