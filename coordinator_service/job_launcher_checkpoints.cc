@@ -195,9 +195,9 @@ bool JobLauncher::MaybeRestart(const std::string& job_id, const std::string& hos
   // The run's record keeps the furthest step it reached. Reports raise last_step only when a
   // run ends: a host declared dead before any peer reported would leave it at 0.
   if (config_.telemetry != nullptr) {
-    const int64_t combined = config_.telemetry->LatestStep(job_id);
-    (void)config_.jobs->Update(job_id, [combined](v1::JobManifest& m) {
-      m.set_last_step(std::max(m.last_step(), combined));
+    const int64_t reached = config_.telemetry->LatestStep(job_id);  // by any host's summary
+    (void)config_.jobs->Update(job_id, [reached](v1::JobManifest& m) {
+      m.set_last_step(std::max(m.last_step(), reached));
     });  // a job that ended meanwhile is refused by Restart below
   }
   // Restart first: of two failures of the same run, only one restarts the job.
