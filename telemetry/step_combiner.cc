@@ -177,6 +177,7 @@ absl::Status StepCombiner::Validate(const Job& job, const v1::HostSummary& summa
 
 absl::StatusOr<StepCombiner::AddOutcome> StepCombiner::Add(const v1::HostSummary& summary) {
   AddOutcome outcome = AddOutcome::kAccepted;
+  bool deliver = false;
   {
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(summary.job_id());
@@ -208,18 +209,21 @@ absl::StatusOr<StepCombiner::AddOutcome> StepCombiner::Add(const v1::HostSummary
       job.pending.erase(oldest);
     }
     CollectLocked(it->first, job, now, /*force=*/false);
+    deliver = ClaimDeliveryLocked();
   }
-  Deliver();
+  if (deliver) DeliverClaimed();
   return outcome;
 }
 
 void StepCombiner::Poll() {
+  bool deliver = false;
   {
     absl::MutexLock l(&mu_);
     const absl::Time now = config_.clock->Now();
     for (auto& [job_id, job] : jobs_) CollectLocked(job_id, job, now, /*force=*/false);
+    deliver = ClaimDeliveryLocked();
   }
-  Deliver();
+  if (deliver) DeliverClaimed();
 }
 
 std::optional<absl::Time> StepCombiner::NextDeadline() const {
@@ -235,6 +239,7 @@ std::optional<absl::Time> StepCombiner::NextDeadline() const {
 }
 
 absl::Status StepCombiner::FinishJob(const std::string& job_id) {
+  bool deliver = false;
   {
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(job_id);
@@ -244,8 +249,9 @@ absl::Status StepCombiner::FinishJob(const std::string& job_id) {
     }
     CollectLocked(job_id, it->second, config_.clock->Now(), /*force=*/true);
     jobs_.erase(it);
+    deliver = ClaimDeliveryLocked();
   }
-  Deliver();
+  if (deliver) DeliverClaimed();
   return absl::OkStatus();
 }
 
@@ -353,12 +359,13 @@ void StepCombiner::EmitLocked(const std::string& job_id, Job& job, int64_t step,
   outbox_.push_back(std::move(global));
 }
 
-void StepCombiner::Deliver() {
-  {
-    absl::MutexLock l(&mu_);
-    if (delivering_ || outbox_.empty()) return;
-    delivering_ = true;
-  }
+bool StepCombiner::ClaimDeliveryLocked() {
+  if (delivering_ || outbox_.empty()) return false;
+  delivering_ = true;
+  return true;
+}
+
+void StepCombiner::DeliverClaimed() {
   while (true) {
     std::deque<v1::GlobalSummary> batch;
     {

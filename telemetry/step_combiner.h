@@ -26,8 +26,9 @@
 //
 // Delivery: emitted summaries go to Config::sink, one call at a time (never concurrently, even
 // across jobs), in increasing step order per job, without any combiner lock held. The thread
-// that delivers is whichever Add/Poll/FinishJob call found the queue idle; a call that finds
-// another thread delivering only queues and returns (it never waits for the sink). The sink
+// that delivers is whichever Add/Poll/FinishJob call queued steps while no other thread was
+// delivering, so an Add that completes a step on an idle combiner returns after its sink ran;
+// a call that finds another thread delivering only queues and returns (it never waits). The sink
 // must therefore not assume it runs on the caller's thread; it may call back into the
 // combiner (such calls queue and return). Intended sink: HistoryStore::Append, then
 // WatchHub::Publish.
@@ -173,8 +174,12 @@ class StepCombiner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(const std::string& job_id, Job& job, int64_t step, PendingStep& pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Delivers the outbox to the sink unless another thread already is.
-  void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the caller, which holds mu_ since it queued its steps, now delivers the outbox:
+  // claimed in the same critical section, so another thread (the grace poller) cannot take
+  // over the steps an Add emitted and leave them undelivered when Add returns.
+  bool ClaimDeliveryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Delivers the outbox until it is empty; only after ClaimDeliveryLocked returned true.
+  void DeliverClaimed() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Config config_;
   mutable absl::Mutex mu_;
