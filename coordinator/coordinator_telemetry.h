@@ -13,7 +13,8 @@
 // emitted twice or lost. A resumed job ends when each of its hosts reports its end
 // (HostEnded), since the restarted coordinator's job table no longer knows it.
 //
-// Lifetime: Create() starts a timer thread for grace deadlines; the destructor stops it.
+// Lifetime: Create() starts a timer thread for grace deadlines (it sleeps until the next one,
+// at most a second); the destructor stops it.
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
 
@@ -171,6 +172,7 @@ class CoordinatorTelemetry {
   absl::Mutex routes_mu_;
   std::map<std::string, AckRoute> routes_ ABSL_GUARDED_BY(routes_mu_);  // by host
   int64_t next_route_ ABSL_GUARDED_BY(routes_mu_) = 0;
+  absl::Duration max_poll_wait_;  // the poller's longest sleep: min(grace, 1 s)
   absl::Notification stop_;
   std::thread poller_;
 };

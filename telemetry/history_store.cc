@@ -263,14 +263,25 @@ absl::Status HistoryStore::RegisterJob(const std::string& job_id,
 }
 
 absl::Status HistoryStore::Append(const v1::GlobalSummary& summary) {
+  if (summary.host_detail_size() == 0) return Append(summary, summary.host_detail());
+  v1::GlobalSummary global = summary;
+  google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
+  hosts.Swap(global.mutable_host_detail());
+  return Append(global, hosts);
+}
+
+absl::Status HistoryStore::Append(
+    const v1::GlobalSummary& summary,
+    const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts) {
   if (summary.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
   if (summary.step() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("step ", summary.step(), " of job ",
                                                    summary.job_id(), " must be >= 1"));
   }
-  v1::GlobalSummary stored = summary;
-  stored.clear_host_detail();
-  const std::string blob = stored.SerializeAsString();
+  if (summary.host_detail_size() > 0) {
+    return absl::InvalidArgumentError("the global summary carries host_detail: pass it apart");
+  }
+  const std::string blob = summary.SerializeAsString();
   absl::MutexLock l(&mu_);
   return TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     RETURN_IF_ERROR(EnsureJobLocked(summary.job_id()));
@@ -310,9 +321,7 @@ absl::Status HistoryStore::Append(const v1::GlobalSummary& summary) {
                             .Run());
       }
     }
-    for (int h = 0; h < summary.host_detail_size(); ++h) {
-      RETURN_IF_ERROR(PutHostLocked(summary.host_detail(h), h));
-    }
+    for (int h = 0; h < hosts.size(); ++h) RETURN_IF_ERROR(PutHostLocked(hosts.Get(h), h));
     return absl::OkStatus();
   });
 }

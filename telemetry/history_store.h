@@ -133,6 +133,11 @@ class HistoryStore {
   // replaces it (idempotent for the same summary).
   // Errors: INVALID_ARGUMENT (empty job_id, step < 1).
   absl::Status Append(const v1::GlobalSummary& summary);
+  // The same with the host summaries apart (host order), so that a caller holding the summary
+  // by value copies none of them (StepCombiner's sink); `global` must have no host_detail.
+  // Errors: as above; INVALID_ARGUMENT when `global` has host_detail.
+  absl::Status Append(const v1::GlobalSummary& global,
+                      const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts);
 
   // Commits one host summary (ignored when that job/step/host is already stored) and returns
   // the host's persisted_through_step: the highest step of that host committed for the job.

@@ -170,6 +170,10 @@ TEST_F(HistoryStoreTest, ReadErrors) {
   EXPECT_EQ(store_->Read(request).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Append(Global("", 1, 1)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Append(Global("job-1", 0, 1)).code(), absl::StatusCode::kInvalidArgument);
+  // The host summaries go apart or inside, not both ways at once.
+  const v1::GlobalSummary with_detail = Global("job-1", 11, 1);
+  EXPECT_EQ(store_->Append(with_detail, with_detail.host_detail()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(HistoryStoreTest, RegisteredJobKnowsItsSeriesBeforeTheFirstSummary) {

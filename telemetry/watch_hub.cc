@@ -327,34 +327,39 @@ absl::Status WatchHub::OpenJob(const std::string& job_id, std::vector<std::strin
   return absl::OkStatus();
 }
 
-absl::Status WatchHub::Publish(const v1::GlobalSummary& summary) {
+absl::Status WatchHub::Publish(v1::GlobalSummary summary) {
   // One immutable copy per variant, and its wire bytes, shared by every watcher without a
-  // names filter: a fan-out to N watchers serializes each variant once, not N times.
-  Watcher::Shared full{std::make_shared<const v1::GlobalSummary>(summary), nullptr};
-  full.serialized = std::make_shared<const std::string>(full.summary->SerializeAsString());
-  Watcher::Shared no_detail = full;
+  // names filter: a fan-out to N watchers serializes each variant once, not N times. The
+  // host summaries are moved, never copied: a step of 1024 hosts holds 1024 of them.
+  Watcher::Shared no_detail;
   if (summary.host_detail_size() > 0) {
-    auto stripped = std::make_shared<v1::GlobalSummary>(summary);
-    stripped->clear_host_detail();
-    no_detail.serialized = std::make_shared<const std::string>(stripped->SerializeAsString());
-    no_detail.summary = std::move(stripped);
+    google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
+    hosts.Swap(summary.mutable_host_detail());
+    no_detail.summary = std::make_shared<const v1::GlobalSummary>(summary);
+    no_detail.serialized =
+        std::make_shared<const std::string>(no_detail.summary->SerializeAsString());
+    summary.mutable_host_detail()->Swap(&hosts);
   }
+  Watcher::Shared full{std::make_shared<const v1::GlobalSummary>(std::move(summary)), nullptr};
+  full.serialized = std::make_shared<const std::string>(full.summary->SerializeAsString());
+  if (no_detail.summary == nullptr) no_detail = full;
+  const v1::GlobalSummary& published = *full.summary;
   std::vector<std::shared_ptr<Watcher>> notify;
   {
     absl::MutexLock l(&mu_);
-    auto it = jobs_.find(summary.job_id());
+    auto it = jobs_.find(published.job_id());
     if (it == jobs_.end()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("telemetry of job ", summary.job_id(), " is not open"));
+          absl::StrCat("telemetry of job ", published.job_id(), " is not open"));
     }
     Job& job = it->second;
-    if (summary.step() <= job.last_published) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", summary.step(), " of job ",
-                                                     summary.job_id(),
+    if (published.step() <= job.last_published) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", published.step(), " of job ",
+                                                     published.job_id(),
                                                      " is not above the last published step ",
                                                      job.last_published));
     }
-    job.last_published = summary.step();
+    job.last_published = published.step();
     auto& watchers = job.watchers;
     size_t kept = 0;
     for (size_t i = 0; i < watchers.size(); ++i) {

@@ -209,8 +209,9 @@ class WatchHub {
 
   // Queues a committed summary to the job's watchers; never blocks on them. Steps must
   // increase per job. Errors: FAILED_PRECONDITION (job not open), INVALID_ARGUMENT (step not
-  // above the last published one, named).
-  absl::Status Publish(const v1::GlobalSummary& summary);
+  // above the last published one, named). Taken by value: its host_detail moves into the
+  // shared copy, and the copy without it is made without copying a host summary.
+  absl::Status Publish(v1::GlobalSummary summary);
 
   // The job restarted from its checkpoint of `step` (the caller dropped the history after it,
   // HistoryStore::Rewind): each watcher that delivered steps after `step` gets a rewind event (a
