@@ -233,4 +233,14 @@ std::vector<WorkerEntry> WorkerRegistry::List() {
   return entries;
 }
 
+std::vector<std::pair<std::string, std::string>> WorkerRegistry::AliveAddresses() {
+  absl::MutexLock lock(&mu_);
+  ExpireOverdueLocked();
+  std::vector<std::pair<std::string, std::string>> alive;
+  for (const auto& [host, entry] : by_host_) {
+    if (entry.state == WorkerState::kAlive) alive.emplace_back(host, entry.info.address);
+  }
+  return alive;
+}
+
 }  // namespace meshrun::coordinator

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -97,6 +98,10 @@ class WorkerRegistry {
   // Every host's current entry (forgotten hosts are not listed), by slice and then host name
   // in natural order (w-2 before w-10). Expires overdue workers first.
   std::vector<WorkerEntry> List();
+
+  // (host, address) of each ALIVE worker, by host: what the liveness sweep prunes per-worker
+  // state with, without List's copy and sort of every entry. Expires overdue workers first.
+  std::vector<std::pair<std::string, std::string>> AliveAddresses();
 
   absl::Duration heartbeat_timeout() const { return config_.heartbeat_timeout; }
   absl::Duration heartbeat_interval() const { return config_.heartbeat_timeout / 2; }

@@ -90,6 +90,20 @@ TEST_F(WorkerRegistryTest, DeregisteredWorkerIsLeftNotDead) {
   EXPECT_EQ(all[1].state, WorkerState::kDead);
 }
 
+TEST_F(WorkerRegistryTest, AliveAddressesLeaveOutTheLeftTheDeadAndTheSilent) {
+  ASSERT_TRUE(registry_->Register(Worker("a", "a1")).ok());
+  ASSERT_TRUE(registry_->Register(Worker("b", "b1")).ok());
+  ASSERT_TRUE(registry_->Register(Worker("c", "c1")).ok());
+  ASSERT_TRUE(registry_->Deregister("b", "b1").ok());
+  using Alive = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(registry_->AliveAddresses(), (Alive{{"a", "a:7071"}, {"c", "c:7071"}}));
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(registry_->Heartbeat("c", "c1").ok());
+  clock_.Advance(absl::Seconds(5));  // a is silent past the timeout: it expires here
+  EXPECT_EQ(registry_->AliveAddresses(), (Alive{{"c", "c:7071"}}));
+  ASSERT_EQ(registry_->ExpireOverdue().size(), 1u) << "a's death is still reported";
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator
 

@@ -481,10 +481,8 @@ void CoordinatorServer::SweepLiveness() {
 
 void CoordinatorServer::ForgetUnusedChannels() {
   std::set<std::string> alive;
-  for (const coordinator::WorkerEntry& entry : registry_->List()) {
-    if (entry.state == coordinator::WorkerState::kAlive) {
-      alive.insert(WorkerChannels::Key(entry.info.host, entry.info.address));
-    }
+  for (const auto& [host, address] : registry_->AliveAddresses()) {
+    alive.insert(WorkerChannels::Key(host, address));
   }
   if (const int dropped = launcher_->channels().KeepOnly(alive); dropped > 0) {
     spdlog::debug("closed the channels to {} workers no longer alive there", dropped);
