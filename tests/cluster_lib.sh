@@ -31,6 +31,28 @@ await_coordinator() {
   wait_for "$1" "listening on port" || fail "coordinator did not start"
   port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$1" | head -1)
 }
+# A free loopback port below the kernel's ephemeral range, for a coordinator that must come back
+# on the same port after a restart. Port 0 draws from that range, as do outgoing connections, so
+# a concurrent test could take such a port while the coordinator is down (CI once found another
+# test's HTTP server there).
+stable_port() {
+  python3 - <<'EOF_PORT'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    port = random.randrange(max(1024, low // 2), low)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    raise SystemExit(f"no free loopback port below {low}")
+EOF_PORT
+}
 # --data_root for a test worker (it reads a job's files only there): the temp dir (token shards,
 # checkpoints, bundles a test writes) and, when `src` is set, the checkout's examples/.
 worker_data_root() { echo "--data_root=$tmp${src:+,$(cd "$src" && pwd)/examples}"; }

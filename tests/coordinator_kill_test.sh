@@ -31,7 +31,7 @@ start_coordinator() {  # port, log number, flags...
 # Step numbers of a watch's table rows.
 rows() { awk '$1 ~ /^[0-9]+$/ {print $1}' "$1"; }
 
-start_coordinator 0 1
+start_coordinator "$(stable_port)" 1
 "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host=worker-0 \
   --state_dir="$tmp/worker-0" >"$tmp/worker-0.log" 2>&1 &
 worker=$!; pids+=("$worker")

@@ -17,7 +17,7 @@ source "$(dirname "$0")/cluster_lib.sh"
 
 timeout_s=2   # heartbeat timeout T
 start_coordinator() {
-  "$bin/meshrun-coordinator" --listen=127.0.0.1:0 --state_dir="$tmp/coordinator" \
+  "$bin/meshrun-coordinator" --listen="127.0.0.1:$(stable_port)" --state_dir="$tmp/coordinator" \
     --heartbeat_timeout=${timeout_s}s >"$tmp/coordinator-$1.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
   await_coordinator "$tmp/coordinator-$1.log"
@@ -28,7 +28,7 @@ state_of() { cli --output=textproto get "$1" | sed -n 's/^state: //p'; }
 wait_state() { for _ in $(seq "$2"); do [ "$(state_of "$1")" = "$3" ] && return 0; sleep 0.1; done; return 1; }
 
 start_coordinator 1
-# Workers find a restarted coordinator on the same port, so pin it now.
+# Workers find a restarted coordinator on the same port (a stable_port, see cluster_lib.sh).
 for w in 0 1; do
   "$bin/meshrun-worker" "$(worker_data_root)" --listen=127.0.0.1:0 --coordinator="127.0.0.1:$port" --host="worker-$w" \
     --worker_index=$w --state_dir="$tmp/worker-$w" >"$tmp/worker-$w.log" 2>&1 &
