@@ -379,7 +379,9 @@ TEST_F(SecurityTest, WorkerCertificateActsOnlyAsItsHost) {
   log->Uninstall();
   EXPECT_GE(RefusalLog::Process().Counts()[kActAsAnother] - refused_before, 5);
   const std::vector<std::string> refusals = log->Lines("tried to act as host \"worker-b\"");
-  if (refused_before == 0) EXPECT_GE(refusals.size(), 1u);
+  if (refused_before == 0) {
+    EXPECT_GE(refusals.size(), 1u);
+  }
   for (const std::string& line : refusals) {
     EXPECT_TRUE(absl::StrContains(line, "from ipv4:127.0.0.1:")) << line;
   }
