@@ -22,7 +22,7 @@ start_worker() {  # $1: log name, $2: listen address
   worker=$!; pids+=("$worker")
   wait_for "$tmp/$1.log" "registered with coordinator" || fail "$1 did not register"
 }
-start_worker worker-1 127.0.0.1:0
+start_worker worker-1 "127.0.0.1:$(stable_port)"  # restarted at the same address below
 wport=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$tmp/worker-1.log" | head -1)
 
 # A first job opens the coordinator's channel to the worker.
