@@ -33,13 +33,14 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "rpc/cert_authority.h"
 #include "rpc/tls_credentials.h"
+#include "testing/scratch_dir.h"
 #include "testing/telemetry_job.h"
 
 namespace meshrun::services {
 namespace {
 
 std::string Dir() {
-  static const std::string dir = absl::StrCat(::testing::TempDir(), "/http_security_", getpid());
+  static const std::string dir = testing::FreshScratchDir("http_security");
   return dir;
 }
 

@@ -29,6 +29,7 @@
 #include "rpc/server_support.h"
 #include "rpc/tls_credentials.h"
 #include "testing/black_hole.h"
+#include "testing/scratch_dir.h"
 
 namespace meshrun::services {
 namespace {
@@ -36,8 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Dir() {
-  static const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/security_fairness_test_", getpid());
+  static const std::string dir = testing::FreshScratchDir("security_fairness_test");
   return dir;
 }
 

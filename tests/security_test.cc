@@ -32,6 +32,7 @@
 #include "coordinator_service/coordinator_server.h"
 #include "rpc/server_support.h"
 #include "rpc/tls_credentials.h"
+#include "testing/scratch_dir.h"
 #include "worker_service/worker_server.h"
 
 namespace meshrun::services {
@@ -45,8 +46,7 @@ struct Caller {
 };
 
 std::string Dir() {
-  static const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/security_test_", getpid());
+  static const std::string dir = testing::FreshScratchDir("security_test");
   return dir;
 }
 
