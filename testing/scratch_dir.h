@@ -12,10 +12,10 @@
 
 namespace meshrun::testing {
 
-// TempDir()/<name>_<pid>, emptied and created on the first call for `name`; later calls return
-// the same path. Emptied because an earlier process with the same pid may have left one: a
-// coordinator state folder reused from it holds that run's jobs. The caller keeps one static
-// copy (thread-safety: call it from a static initializer, as below, or one thread).
+// Empties and creates TempDir()/<name>_<pid>, and returns its path. Emptied because an earlier
+// process with the same pid may have left one: a coordinator state folder reused from it holds
+// that run's jobs. Call it once per process and keep the path (a function-local static), since
+// a second call empties the folder again.
 inline std::string FreshScratchDir(const std::string& name) {
   std::string path = absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
   std::filesystem::remove_all(path);

@@ -31,10 +31,10 @@ await_coordinator() {
   wait_for "$1" "listening on port" || fail "coordinator did not start"
   port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$1" | head -1)
 }
-# A free loopback port below the kernel's ephemeral range, for a coordinator that must come back
-# on the same port after a restart. Port 0 draws from that range, as do outgoing connections, so
-# a concurrent test could take such a port while the coordinator is down (CI once found another
-# test's HTTP server there).
+# A free loopback port below the kernel's ephemeral range, for a server that must come back on
+# the same port after a restart. Port 0 draws from that range, as do outgoing connections, so a
+# concurrent test could take such a port while the server is down (CI once found another test's
+# HTTP server there).
 stable_port() {
   python3 - <<'EOF_PORT'
 import random, socket
