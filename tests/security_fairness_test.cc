@@ -66,7 +66,6 @@ class LineCounter : public spdlog::sinks::base_sink<std::mutex> {
 class SecurityFairnessTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    fs::remove_all(Dir());
     ca_ = Dir() + "/ca";
     ASSERT_TRUE(CreateClusterCa(ca_, "prod", 30).ok());
     for (const auto& [role, name] : std::vector<std::pair<std::string, std::string>>{

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -202,7 +202,6 @@ bool RefusedByPolicy(const grpc::Status& status) {
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::filesystem::remove_all(Dir());
     ca_ = Dir() + "/ca";
     other_ca_ = Dir() + "/other-ca";
     ASSERT_TRUE(CreateClusterCa(ca_, "test", 30).ok());
@@ -632,8 +631,7 @@ std::string ReadAll(const std::string& path) {
 // 0600 from the start, never overwrites the CA's own files, and gives no other role a name a
 // client would take for the coordinator's.
 TEST(SecurityCertsTest, IssueKeepsKeysPrivateAndTheCaIntact) {
-  const std::string ca = ::testing::TempDir() + "/certs_issue_" + std::to_string(getpid());
-  std::filesystem::remove_all(ca);
+  const std::string ca = testing::FreshScratchDir("certs_issue");
   ASSERT_TRUE(CreateClusterCa(ca, "prod", 30).ok());
   const std::string ca_key = ReadAll(ca + "/ca.key"), ca_pem = ReadAll(ca + "/ca.pem");
   const mode_t old_umask = umask(0);  // what the process allows must not widen the key
