@@ -17,12 +17,15 @@ start=$(date +%s)
 bash scripts/setup.sh --demo
 setup_done=$(date +%s)
 # Only the three binaries and the dashboard the coordinator serves, in a tree of their own that
-# compiles fast: a unity build (a target's sources in a few compiler runs, so the gRPC and
-# protobuf headers are parsed a few times, not once per file), -O1, no debug information. The
-# job's time is spent in XLA's plugin, not in these binaries. scripts/test.sh builds build/.
+# compiles fast: a unity build (MESHRUN_UNITY: a library's sources in a few compiler runs, so
+# the gRPC and protobuf headers are parsed a few times, not once per file), -O1, no debug
+# information. The job's time is spent in XLA's plugin, not in these binaries. CMake's own
+# unity build stays off (trees configured before MESHRUN_UNITY had it on): its files would
+# batch protoc's, which clash. scripts/test.sh builds build/.
 bash scripts/build.sh build-demo -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-  -DCMAKE_C_FLAGS_RELEASE="-O1 -DNDEBUG" -DCMAKE_UNITY_BUILD=ON -DMESHRUN_BUILD_TESTS=OFF \
-  -DMESHRUN_BUILD_BENCH=OFF -- meshrun-coordinator meshrun-worker meshrun web_assets
+  -DCMAKE_C_FLAGS_RELEASE="-O1 -DNDEBUG" -DMESHRUN_UNITY=ON -DCMAKE_UNITY_BUILD=OFF \
+  -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF \
+  -- meshrun-coordinator meshrun-worker meshrun web_assets
 build_done=$(date +%s)
 echo "demo: set up in $((setup_done - start))s, built in $((build_done - setup_done))s"
 bin="$root/build-demo/bin"
