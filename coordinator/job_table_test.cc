@@ -36,7 +36,9 @@ TEST(JobTableTest, EveryMoveOfTheStateMachine) {
       for (int step = 1; step <= (from > 4 ? 0 : from); ++step) {
         ASSERT_TRUE(table->Transition(id, states[step]).ok());
       }
-      if (from > 4) ASSERT_TRUE(table->Transition(id, states[from]).ok());
+      if (from > 4) {
+        ASSERT_TRUE(table->Transition(id, states[from]).ok());
+      }
       const absl::Status status = table->Transition(id, states[to]);
       EXPECT_EQ(status.ok(), legal[from][to])
           << JobStateName(states[from]) << " -> " << JobStateName(states[to]) << ": " << status;

@@ -332,7 +332,9 @@ TEST_P(Conformance, LaunchedStepsChainOnStateStillBeingComputed) {
         runtime_->Launch(*exe, {{state.get(), delta.get()}}, {.donate_inputs = {0}});
     ASSERT_TRUE(launched.ok()) << launched.status();
     ASSERT_NE(launched->done, nullptr);
-    if (previous != nullptr) ASSERT_TRUE(previous->Await().ok());
+    if (previous != nullptr) {
+      ASSERT_TRUE(previous->Await().ok());
+    }
     EXPECT_TRUE(previous == nullptr || previous->Await().ok());  // awaiting again is harmless
     previous = std::move(launched->done);
     state = std::move(launched->outputs[0][0]);

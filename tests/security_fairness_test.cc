@@ -120,18 +120,31 @@ class SecurityFairnessTest : public ::testing::Test {
     return v1::Coordinator::NewStub(grpc::CreateCustomChannel(
         absl::StrCat("127.0.0.1:", coordinator_->port()), MakeChannelCredentials(caller), args));
   }
-  static grpc::Status Register(const std::string& cert, const std::string& host,
-                               const std::string& address) {
+  // Registers `host`, with its own certificate, at `address` as run `incarnation`.
+  static grpc::Status Register(const std::string& host, const std::string& address,
+                               const std::string& incarnation) {
     v1::RegisterWorkerRequest request;
     request.mutable_registration()->set_host(host);
     request.mutable_registration()->set_address(address);
-    request.mutable_registration()->set_incarnation(
-        absl::StrCat(host, "-", absl::ToUnixNanos(absl::Now())));
+    request.mutable_registration()->set_incarnation(incarnation);
     request.mutable_registration()->mutable_protocol()->set_version(kProtocolVersion);
     v1::RegisterWorkerResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    return Stub(Cert(ca_, cert))->RegisterWorker(&context, request, &response);
+    return Stub(Cert(ca_, host))->RegisterWorker(&context, request, &response);
+  }
+  // Ends a test's registration. The tests share one coordinator, where a host left registered
+  // stays alive, its name and address taken, until its heartbeat timeout: a later test
+  // registering the same host would be refused as a second worker of that name.
+  static void Deregister(const std::string& host, const std::string& incarnation) {
+    v1::DeregisterWorkerRequest request;
+    request.set_host(host);
+    request.set_incarnation(incarnation);
+    v1::DeregisterWorkerResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    const grpc::Status left = Stub(Cert(ca_, host))->DeregisterWorker(&context, request, &response);
+    EXPECT_TRUE(left.ok()) << left.error_message();
   }
 
   static inline std::string ca_, staging_, tokens_;
@@ -142,13 +155,14 @@ class SecurityFairnessTest : public ::testing::Test {
 // been taken, every call the coordinator makes to worker-a would expect worker-b's identity.
 TEST_F(SecurityFairnessTest, AWorkerCannotRegisterAtAnotherLiveWorkersAddress) {
   testing::BlackHole port;
-  const grpc::Status registered = Register("worker-a", "worker-a", port.address());
+  const grpc::Status registered = Register("worker-a", port.address(), "worker-a-1");
   ASSERT_TRUE(registered.ok()) << registered.error_message();
-  const grpc::Status taken = Register("worker-b", "worker-b", port.address());
+  const grpc::Status taken = Register("worker-b", port.address(), "worker-b-1");
   EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS) << taken.error_message();
   EXPECT_TRUE(absl::StrContains(taken.error_message(), "belongs to host worker-a"))
       << taken.error_message();
   EXPECT_TRUE(absl::StrContains(taken.error_message(), "worker-b")) << taken.error_message();
+  Deregister("worker-a", "worker-a-1");
 }
 
 // Item 2: compile options naming a dump directory are refused at submit, naming the field;
@@ -198,7 +212,7 @@ TEST_F(SecurityFairnessTest, ACertificateOfAnotherClusterIsNoOne) {
 // is still taken.
 TEST_F(SecurityFairnessTest, ViewCallersCannotTakeEverySlowCall) {
   testing::BlackHole port;
-  const grpc::Status registered = Register("worker-b", "worker-b", port.address());
+  const grpc::Status registered = Register("worker-b", port.address(), "worker-b-2");
   ASSERT_TRUE(registered.ok()) << registered.error_message();
   auto metrics = [](const SecurityConfig& caller) {
     return std::async(std::launch::async, [caller] {
@@ -240,6 +254,7 @@ TEST_F(SecurityFairnessTest, ViewCallersCannotTakeEverySlowCall) {
       << val.error_message();
   const grpc::Status taken = admin.get();
   EXPECT_NE(taken.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << taken.error_message();
+  Deregister("worker-b", "worker-b-2");
 }
 
 // Item 5: a view identity opening many watch streams gets its share; an admin still watches.

@@ -57,7 +57,9 @@ class StepLoopTest : public testing::Test {
     struct stat st;
     if (stat(plugin_->c_str(), &st) != 0) return;
     static runtime::RuntimeRegistry registry;
-    if (registry.kinds().empty()) ASSERT_TRUE(runtime::RegisterRuntimes(registry).ok());
+    if (registry.kinds().empty()) {
+      ASSERT_TRUE(runtime::RegisterRuntimes(registry).ok());
+    }
     auto created = registry.Create(
         "pjrt", runtime::RuntimeConfig{.plugin_path = *plugin_, .cpu_device_count = 8});
     ASSERT_TRUE(created.ok()) << created.status();
