@@ -50,7 +50,8 @@ function(meshrun_unity target)
       set(batch)
     endif()
   endforeach()
-  set_source_files_properties(${sources} TARGET_DIRECTORY ${target} PROPERTIES HEADER_FILE_ONLY ON)
+  set_source_files_properties(${sources} TARGET_DIRECTORY ${target}
+    PROPERTIES HEADER_FILE_ONLY ON)
 endfunction()
 
 # meshrun_check_layering(<target>)
@@ -128,7 +129,8 @@ function(meshrun_test name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   # A test's own source drives the code under test, which keeps the build type's optimization
   # in the libraries it links. Compiled for debugging instead (gcc -Og; clang's -Og is -O1, so
-  # -O0), a test source compiles in about half the time: most of a cold build is tests.
+  # -O0), a test source compiles in about half the time; test sources were about half of a
+  # cold build's compile time.
   target_compile_options(${name} PRIVATE $<IF:$<CXX_COMPILER_ID:Clang>,-O0,-Og>)
   if(MESHRUN_TSAN)  # abseil's synchronization made visible to TSan (common/tsan_absl_shim.cc)
     target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/common/tsan_absl_shim.cc)
