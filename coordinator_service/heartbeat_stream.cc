@@ -42,8 +42,10 @@ class HeartbeatStreams::Call {
         } else if (absl::Status judged = Judge(); !judged.ok()) {
           FinishWhenIdle(ToGrpcStatus(judged));
         } else {
-          ++acks_owed_;
-          WriteAck();
+          if (beat_.ack()) {
+            ++acks_owed_;
+            WriteAck();
+          }
           Read();
         }
         break;

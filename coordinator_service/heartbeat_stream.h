@@ -6,9 +6,10 @@
 //
 // Each beat is judged as a Heartbeat call is (CoordinatorRpcHandler::Heartbeat: the registry's
 // fence, then job progress for hang detection; it takes the registry's lock for one host and
-// blocks on nothing). An accepted beat is acknowledged with an empty HeartbeatResponse (one
-// write in flight; beats judged meanwhile are acknowledged after it); the first refused beat
-// ends the stream with its error, which is how the worker learns it was fenced or forgotten.
+// blocks on nothing). An accepted beat that asks for it (`ack`) is acknowledged with an empty
+// HeartbeatResponse (one write in flight; beats judged meanwhile are acknowledged after it);
+// the first refused beat ends the stream with its error, which is how the worker learns it was
+// fenced or forgotten.
 // Every beat must name the stream's first host and incarnation (INVALID_ARGUMENT); with TLS a
 // worker may beat only for the host its certificate names (PERMISSION_DENIED); each stream
 // holds a slot of `slots` (RESOURCE_EXHAUSTED past --max_upload_streams).

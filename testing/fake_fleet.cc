@@ -119,8 +119,9 @@ class FakeFleet::UploadStream final
 };
 
 // One host's StreamHeartbeats call: one beat written at a time (a beat falling due while the
-// last is still being written is skipped, as a worker's would wait behind it); each ack times
-// the oldest beat not yet acknowledged. A read stays in flight until the call ends, so while
+// last is still being written is skipped, as a worker's would wait behind it). A timed beat
+// asks for an ack, and each ack times the oldest timed beat not yet acknowledged; an untimed
+// one, as a worker's, counts once written. A read stays in flight until the call ends, so while
 // `read_ended_` is false gRPC has not run OnDone and a write may still be started.
 class FakeFleet::HeartbeatStream final
     : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
@@ -130,12 +131,13 @@ class FakeFleet::HeartbeatStream final
     StartRead(&ack_);
     StartCall();
   }
-  void Send(v1::HeartbeatRequest beat) {
+  void Send(v1::HeartbeatRequest beat, bool timed) {
     absl::MutexLock lock(&mu_);
     if (read_ended_ || writing_) return;
     writing_ = true;
     current_ = std::move(beat);
-    sent_.push_back(absl::Now());
+    current_.set_ack(timed);
+    if (timed) sent_.push_back(absl::Now());
     StartWrite(&current_);  // its OnWriteDone runs on a gRPC thread, never inline
   }
   // Cancels the stream and waits (bounded) for its end.
@@ -146,9 +148,14 @@ class FakeFleet::HeartbeatStream final
   }
 
  private:
-  void OnWriteDone(bool) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
+  void OnWriteDone(bool ok) override {
+    bool written_untimed;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      written_untimed = ok && !current_.ack();
+    }
+    if (written_untimed) fleet_->RecordHeartbeat(absl::ZeroDuration(), grpc::Status::OK);
   }
   void OnReadDone(bool ok) override {
     absl::Time sent;
@@ -177,7 +184,7 @@ class FakeFleet::HeartbeatStream final
   v1::HeartbeatResponse ack_;
   v1::HeartbeatRequest current_;  // written by the one write in flight
   absl::Mutex mu_;
-  std::deque<absl::Time> sent_ ABSL_GUARDED_BY(mu_);  // beats not yet acknowledged
+  std::deque<absl::Time> sent_ ABSL_GUARDED_BY(mu_);  // timed beats not yet acknowledged
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
@@ -422,7 +429,7 @@ void FakeFleet::HeartbeatLoop() {
       }
       if (!config_.unary_heartbeats) {
         if (host.beats == nullptr) host.beats = std::make_unique<HeartbeatStream>(this, StubFor(i));
-        host.beats->Send(std::move(request));
+        host.beats->Send(std::move(request), time_heartbeats_);
         continue;
       }
       auto* beat = new Beat;

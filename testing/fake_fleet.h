@@ -49,7 +49,7 @@ class FakeFleet {
     int64_t start_job_calls = 0;
     int64_t start_job_bytes = 0;        // serialized StartJobRequests, all hosts
     int64_t start_job_max_bytes = 0;    // the largest one host received
-    int64_t heartbeats = 0;             // answered
+    int64_t heartbeats = 0;             // answered (written, on a stream, when not timed)
     int64_t heartbeat_errors = 0;       // refused or failed (a host the coordinator forgot)
     absl::Duration worst_heartbeat;     // longest round trip since ResetHeartbeatFigures
     int64_t summaries_refused = 0;      // upload streams the coordinator ended with an error
@@ -76,6 +76,9 @@ class FakeFleet {
 
   Figures GetFigures() const;
   void ResetHeartbeatFigures();
+  // Whether stream beats ask for an ack and time its round trip (the default), or go out as a
+  // worker's do, unanswered: what a beat costs a coordinator that times none.
+  void TimeHeartbeats(bool timed) { time_heartbeats_ = timed; }
   // What the coordinator asked for at registration; valid after Start.
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
@@ -100,6 +103,7 @@ class FakeFleet {
   mutable absl::Mutex mu_;
   Figures figures_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> beats_in_flight_{0};
+  std::atomic<bool> time_heartbeats_{true};
 };
 
 }  // namespace meshrun::test_support

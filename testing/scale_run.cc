@@ -209,6 +209,8 @@ absl::StatusOr<ScaleFigures> RunAtScale(const ScaleOptions& options) {
   while (fleet.GetFigures().heartbeats < options.hosts && absl::Now() < opened_by) {
     absl::SleepFor(absl::Milliseconds(50));
   }
+  // Idle beats go out as a worker's do, unanswered; the launch and telemetry phases time theirs.
+  fleet.TimeHeartbeats(false);
   fleet.ResetHeartbeatFigures();
   // At least one whole interval: every host beats in it, and the CPU clock's 10 ms ticks are
   // small against what the beats cost.
@@ -222,6 +224,7 @@ absl::StatusOr<ScaleFigures> RunAtScale(const ScaleOptions& options) {
   figures.heartbeat_core_share = idle_rate;
 
   // The launch: submit, then read the job until it runs or fails.
+  fleet.TimeHeartbeats(true);
   fleet.ResetHeartbeatFigures();
   ASSIGN_OR_RETURN(v1::JobSpec spec, SpanningJob(options));
   v1::SubmitJobRequest submit;

@@ -70,10 +70,12 @@ class WorkerFleetRpcTest : public ::testing::Test {
   int registered_ = 0;
 };
 
-v1::HeartbeatRequest Beat(const std::string& host, const std::string& incarnation) {
+v1::HeartbeatRequest Beat(const std::string& host, const std::string& incarnation,
+                          bool ack = true) {
   v1::HeartbeatRequest beat;
   beat.set_host(host);
   beat.set_incarnation(incarnation);
+  beat.set_ack(ack);
   return beat;
 }
 
@@ -89,6 +91,18 @@ TEST_F(WorkerFleetRpcTest, StreamKeepsAHostAliveAndEndsWithTheFirstRefusal) {
     v1::HeartbeatResponse ack;
     ASSERT_TRUE(stream->Read(&ack)) << "beat " << i << " was not acknowledged";
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // A worker's beats ask for no ack and keep the host alive as well, across two timeouts, with
+  // no answer: the next ack read is the timed beat's after them, and once the refused beat
+  // below ends the stream no read finds one left.
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(stream->Write(Beat("host-a", "inc-a", /*ack=*/false)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(stream->Write(Beat("host-a", "inc-a")));
+  {
+    v1::HeartbeatResponse ack;
+    ASSERT_TRUE(stream->Read(&ack)) << "the timed beat was not acknowledged";
   }
   grpc::Status status;
   v1::ListWorkersResponse listed = List({}, &status);

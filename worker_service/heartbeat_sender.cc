@@ -7,8 +7,8 @@
 
 namespace meshrun::services {
 
-// One StreamHeartbeats call. A read is kept in flight until the call ends (it takes the acks),
-// so while `read_ended` is false gRPC has not run OnDone and a write may still be started.
+// One StreamHeartbeats call. Its beats ask for no ack; a read is kept in flight to see the call
+// end (and takes any ack an older coordinator sends), so while `read_ended` is false gRPC has not run OnDone and a write may still be started.
 class HeartbeatSender::Stream final
     : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
