@@ -1,5 +1,6 @@
-// The SQLite plumbing of HistoryStore, shared by its source files (history_store.cc: schema,
-// writes and retention; history_read.cc: reads; history_forget.cc: forgetting a job): errors
+// The SQLite plumbing of HistoryStore, shared by its source files (history_store.cc: schema
+// and writes; history_read.cc: reads; history_retention.cc: rewind and pruning;
+// history_forget.cc: forgetting a job): errors
 // mapped to absl codes, and Stmt, one prepared statement with its bindings and columns.
 // Internal to telemetry/.
 //

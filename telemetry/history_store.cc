@@ -19,7 +19,8 @@ using history_internal::ParseRows;
 using history_internal::SqliteError;
 using history_internal::Stmt;
 
-constexpr int kSchemaVersion = 1;
+// 2: series_points step-major (version 1 kept each element's points together).
+constexpr int kSchemaVersion = 2;
 // host_index of a host summary known only from AppendHost (its order is not known yet).
 constexpr int64_t kUnknownHostIndex = std::numeric_limits<int32_t>::max();
 
@@ -46,7 +47,7 @@ CREATE TABLE IF NOT EXISTS series_points(
   element INTEGER NOT NULL,
   step INTEGER NOT NULL,
   value REAL,
-  PRIMARY KEY(job_id, name, element, step)) WITHOUT ROWID;
+  PRIMARY KEY(job_id, step, name, element)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS host_summaries(
   job_id TEXT NOT NULL,
   step INTEGER NOT NULL,
@@ -69,6 +70,16 @@ CREATE TABLE IF NOT EXISTS job_manifests(
 CREATE TABLE IF NOT EXISTS forgotten_jobs(
   singleton INTEGER PRIMARY KEY CHECK(singleton = 0),
   highest INTEGER NOT NULL);
+)sql";
+
+// Version 1 to 2, around kSchema (which creates the step-major series_points): the old table
+// is set aside before, its rows moved after. One transaction, so a crash leaves version 1.
+constexpr const char* kSetAsideElementMajorPoints =
+    "ALTER TABLE series_points RENAME TO series_points_element_major";
+constexpr const char* kMoveElementMajorPoints = R"sql(
+INSERT INTO series_points(job_id, name, element, step, value)
+  SELECT job_id, name, element, step, value FROM series_points_element_major;
+DROP TABLE series_points_element_major;
 )sql";
 
 int64_t Elements(const v1::TelemetryDeclaration& decl) {
@@ -146,13 +157,14 @@ absl::Status HistoryStore::Open() {
                      "; this build reads up to ", kSchemaVersion));
   }
   return TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (version == 1) RETURN_IF_ERROR(ExecLocked(kSetAsideElementMajorPoints));
     RETURN_IF_ERROR(ExecLocked(kSchema));
-    return ExecLocked("PRAGMA user_version=1");
+    if (version == 1) RETURN_IF_ERROR(ExecLocked(kMoveElementMajorPoints));
+    return ExecLocked("PRAGMA user_version=2");
   });
 }
 
-template <typename Body>
-absl::Status HistoryStore::TransactionLocked(Body body) {
+absl::Status HistoryStore::TransactionLocked(absl::FunctionRef<absl::Status()> body) {
   auto run = [&](const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_, sql));
     return stmt.Run();
@@ -471,120 +483,6 @@ absl::StatusOr<std::vector<HistoryStore::JobInfo>> HistoryStore::ListJobs() cons
     out.push_back(JobInfo{stmt.Text(0), stmt.Int(2), stmt.Int(1), stmt.Int(3)});
   }
   return out;
-}
-
-absl::StatusOr<int64_t> HistoryStore::Rewind(const std::string& job_id, int64_t step) {
-  if (step < 0) return absl::InvalidArgumentError("Rewind: step is negative");
-  absl::MutexLock l(&mu_);
-  RETURN_IF_ERROR(JobExistsLocked(job_id));
-  int64_t dropped = 0;
-  RETURN_IF_ERROR(TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    bool first = true;  // the global summaries: their count is returned
-    for (const char* sql : {"DELETE FROM global_summaries WHERE job_id = ?1 AND step > ?2",
-                            "DELETE FROM series_points WHERE job_id = ?1 AND step > ?2",
-                            "DELETE FROM host_summaries WHERE job_id = ?1 AND step > ?2",
-                            "UPDATE jobs SET latest_step = ?2 WHERE job_id = ?1 AND "
-                            "latest_step > ?2",
-                            "UPDATE host_progress SET persisted_through_step = ?2 WHERE "
-                            "job_id = ?1 AND persisted_through_step > ?2"}) {
-      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, sql));
-      RETURN_IF_ERROR(stmt.Bind(1, job_id).Bind(2, step).Run());
-      if (first) dropped = sqlite3_changes(db_);
-      first = false;
-    }
-    return absl::OkStatus();
-  }));
-  return dropped;
-}
-
-absl::StatusOr<int64_t> HistoryStore::Prune() {
-  absl::MutexLock l(&mu_);
-  int64_t deleted = 0;
-  const bool by_age = config_.max_age > absl::ZeroDuration();
-  const bool by_count = config_.max_steps_per_job > 0;
-  if (!by_age && !by_count) return 0;
-  const int64_t cutoff = absl::ToUnixMicros(config_.clock->Now() - config_.max_age);
-  RETURN_IF_ERROR(TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    std::vector<std::string> jobs;
-    {
-      ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT job_id FROM jobs"));
-      while (true) {
-        ASSIGN_OR_RETURN(bool row, stmt.Step());
-        if (!row) break;
-        jobs.push_back(stmt.Text(0));
-      }
-    }
-    for (const std::string& job_id : jobs) {
-      // Every step below `keep_from` goes.
-      int64_t keep_from = 0;
-      if (by_age) {
-        ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT MAX(step) FROM global_summaries "
-                                                       "WHERE job_id = ?1 AND "
-                                                       "inserted_micros < ?2"));
-        ASSIGN_OR_RETURN(bool row, stmt.Bind(1, job_id).Bind(2, cutoff).Step());
-        if (row && !stmt.IsNull(0)) keep_from = std::max(keep_from, stmt.Int(0) + 1);
-      }
-      if (by_count) {
-        ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "SELECT step FROM global_summaries "
-                                                       "WHERE job_id = ?1 ORDER BY step DESC "
-                                                       "LIMIT 1 OFFSET ?2"));
-        ASSIGN_OR_RETURN(bool row,
-                         stmt.Bind(1, job_id).Bind(2, config_.max_steps_per_job - 1).Step());
-        if (row) keep_from = std::max(keep_from, stmt.Int(0));
-      }
-      if (keep_from > 0) {
-        {
-          ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "DELETE FROM global_summaries WHERE "
-                                                         "job_id = ?1 AND step < ?2"));
-          RETURN_IF_ERROR(stmt.Bind(1, job_id).Bind(2, keep_from).Run());
-          deleted += sqlite3_changes(db_);
-        }
-        {
-          ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "DELETE FROM series_points WHERE "
-                                                         "job_id = ?1 AND step < ?2"));
-          RETURN_IF_ERROR(stmt.Bind(1, job_id).Bind(2, keep_from).Run());
-        }
-        ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "DELETE FROM host_summaries WHERE "
-                                                       "job_id = ?1 AND step < ?2"));
-        RETURN_IF_ERROR(stmt.Bind(1, job_id).Bind(2, keep_from).Run());
-      }
-    }
-    if (by_age) {
-      // Host summaries that never became part of a kept global summary, and jobs left empty.
-      {
-        ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "DELETE FROM host_summaries WHERE "
-                                                       "inserted_micros < ?1"));
-        RETURN_IF_ERROR(stmt.Bind(1, cutoff).Run());
-      }
-      std::vector<std::string> empty;
-      {
-        ASSIGN_OR_RETURN(
-            Stmt stmt,
-            Stmt::Prepare(db_, "SELECT job_id FROM jobs j WHERE created_micros < ?1 AND "
-                               "NOT EXISTS (SELECT 1 FROM global_summaries g "
-                               "WHERE g.job_id = j.job_id) AND "
-                               "NOT EXISTS (SELECT 1 FROM host_summaries h "
-                               "WHERE h.job_id = j.job_id)"));
-        stmt.Bind(1, cutoff);
-        while (true) {
-          ASSIGN_OR_RETURN(bool row, stmt.Step());
-          if (!row) break;
-          empty.push_back(stmt.Text(0));
-        }
-      }
-      for (const std::string& job_id : empty) {
-        for (const char* sql : {"DELETE FROM jobs WHERE job_id = ?1",
-                                "DELETE FROM job_series WHERE job_id = ?1",
-                                "DELETE FROM host_progress WHERE job_id = ?1",
-                                "DELETE FROM series_points WHERE job_id = ?1"}) {
-          ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, sql));
-          RETURN_IF_ERROR(stmt.Bind(1, job_id).Run());
-        }
-      }
-    }
-    return absl::OkStatus();
-  }));
-  return deleted;
 }
 
 }  // namespace meshrun::telemetry

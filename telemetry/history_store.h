@@ -1,7 +1,8 @@
 // The coordinator's telemetry history: a SQLite database (one file, WAL journal) of every
 // global summary, the host summaries they were combined from, and each series' values in a
-// narrow table for range queries. Implemented in history_store.cc (schema, writes, retention),
-// history_read.cc (reads), history_forget.cc (forgetting a job) and history_sqlite.h.
+// narrow table for range queries. Implemented in history_store.cc (schema, writes),
+// history_read.cc (reads), history_retention.cc (rewind, pruning), history_forget.cc
+// (forgetting a job) and history_sqlite.h.
 //
 // Durability: a call that returns OK has committed its transaction. With the default
 // `synchronous_full` the commit is fsynced (survives power loss); with it off
@@ -11,12 +12,20 @@
 // or by AppendHost (a late one); a summary must only be published (WatchHub::Publish) after
 // Append returned OK — the hub's backfill/live seam relies on it.
 //
-// Schema (user_version 1):
+// Schema (user_version 2; a version-1 file is converted when opened):
 //   jobs(job_id, created_micros, latest_step)               one row per job with history
 //   job_series(job_id, name, declaration)                   the series a job declared or sent
 //   global_summaries(job_id, step, inserted_micros, summary) GlobalSummary without host_detail
 //   series_points(job_id, name, element, step, value)       one row per element per step;
-//                                                           NaN is stored as NULL
+//                                                           NaN is stored as NULL. Keyed
+//                                                           step-major (job_id, step, name,
+//                                                           element): a step's points share a
+//                                                           page or two, which is what its
+//                                                           commit writes (version 1, keyed
+//                                                           by element first, wrote a page per
+//                                                           element); a series read scans the
+//                                                           points of every series in its
+//                                                           steps.
 //   host_summaries(job_id, step, host, host_index, inserted_micros, summary)
 //   host_progress(job_id, host, persisted_through_step)     survives pruning
 //   collecting(job_id, setup)                               jobs collecting telemetry now, with
@@ -44,6 +53,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -240,8 +250,8 @@ class HistoryStore {
   void CommitHostsLocked(const std::vector<HostAppend*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` in one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
-  template <typename Body>
-  absl::Status TransactionLocked(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TransactionLocked(absl::FunctionRef<absl::Status()> body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   mutable absl::Mutex mu_;

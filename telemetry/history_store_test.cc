@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace meshrun::telemetry {
@@ -145,6 +147,71 @@ TEST_F(HistoryStoreTest, AppendReadFilterAndReopen) {
   ASSERT_EQ(series.size(), 2u);
   EXPECT_EQ(series[1].name(), "sink");
   EXPECT_EQ(series[1].shape(0), 2);
+}
+
+// Runs `sql` on the database at `path` with SQLite directly (the store closed); returns the
+// first column of the first row, if any.
+std::string RawSql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  std::string first;
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(
+                db, sql.c_str(),
+                [](void* out, int, char** values, char**) {
+                  if (values[0] != nullptr) *static_cast<std::string*>(out) = values[0];
+                  return 0;
+                },
+                &first, &error),
+            SQLITE_OK)
+      << (error != nullptr ? error : "") << " in " << sql;
+  sqlite3_free(error);
+  sqlite3_close(db);
+  return first;
+}
+
+// A history written by a build of schema version 1 (series points keyed element first) opens
+// with every point in place, now keyed step first.
+TEST_F(HistoryStoreTest, VersionOneHistoryIsConvertedWithEveryPoint) {
+  Open();
+  for (int64_t step = 1; step <= 30; ++step) {
+    ASSERT_TRUE(store_->Append(Global("job-1", step, static_cast<float>(step))).ok());
+  }
+  store_.reset();
+  const std::string path = dir_ + "/history.db";
+  // Put the points back in version 1's layout, as that build left them.
+  RawSql(path, R"sql(
+    BEGIN;
+    ALTER TABLE series_points RENAME TO series_points_new;
+    CREATE TABLE series_points(job_id TEXT NOT NULL, name TEXT NOT NULL,
+      element INTEGER NOT NULL, step INTEGER NOT NULL, value REAL,
+      PRIMARY KEY(job_id, name, element, step)) WITHOUT ROWID;
+    INSERT INTO series_points SELECT * FROM series_points_new;
+    DROP TABLE series_points_new;
+    PRAGMA user_version=1;
+    COMMIT;)sql");
+  ASSERT_EQ(RawSql(path, "SELECT COUNT(*) FROM series_points"), "90");  // 30 steps x 3
+
+  Open();
+  HistoryStore::SeriesRequest request{.job_id = "job-1", .name = "sink", .element = 1};
+  const std::vector<HistoryStore::Point> sink = store_->ReadSeries(request).value();
+  ASSERT_EQ(sink.size(), 30u);
+  for (int64_t step = 1; step <= 30; ++step) {
+    EXPECT_EQ(sink[step - 1].step, step);
+    EXPECT_FLOAT_EQ(static_cast<float>(sink[step - 1].value), step * 100.0f);
+  }
+  request.name = "loss";
+  request.element = 0;
+  EXPECT_EQ(store_->ReadSeries(request).value().size(), 30u);
+  ASSERT_TRUE(store_->Append(Global("job-1", 31, 31.0f)).ok());  // and it takes new points
+  store_.reset();
+  EXPECT_EQ(RawSql(path, "PRAGMA user_version"), "2");
+  EXPECT_EQ(RawSql(path, "SELECT COUNT(*) FROM series_points"), "93");
+  EXPECT_TRUE(absl::StrContains(
+      RawSql(path, "SELECT sql FROM sqlite_master WHERE name = 'series_points'"),
+      "PRIMARY KEY(job_id, step, name, element)"));
+  EXPECT_EQ(RawSql(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%element_major%'"),
+            "0");
 }
 
 TEST_F(HistoryStoreTest, ReadErrors) {
