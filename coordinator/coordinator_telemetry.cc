@@ -61,6 +61,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
              if (absl::Status s = self->hub_->Publish(std::move(summary)); !s.ok()) {
                spdlog::warn("telemetry publish: {}", s.ToString());
              }
+             // The log's checkpoint after publishing, where no watcher waits for it.
+             if (absl::Status s = self->history_->CheckpointIfDue(); !s.ok()) {
+               spdlog::warn("telemetry history: {}", s.ToString());
+             }
            }}));
   RETURN_IF_ERROR(t->Resume());
   t->poller_ = std::thread([self] { self->PollLoop(); });

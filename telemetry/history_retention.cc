@@ -1,5 +1,5 @@
-// HistoryStore's retention: Rewind (a job restarted from a checkpoint) and Prune (by age and
-// by steps per job). Declared in history_store.h.
+// HistoryStore's retention: Rewind (a job restarted from a checkpoint), Prune (by age and by
+// steps per job) and the write-ahead log's checkpoints. Declared in history_store.h.
 #include <sqlite3.h>
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 
 namespace meshrun::telemetry {
 
+using history_internal::SqliteError;
 using history_internal::Stmt;
 
 absl::StatusOr<int64_t> HistoryStore::Rewind(const std::string& job_id, int64_t step) {
@@ -127,6 +128,38 @@ absl::StatusOr<int64_t> HistoryStore::Prune() {
     return absl::OkStatus();
   }));
   return deleted;
+}
+
+int HistoryStore::OnWalCommit(void* store, sqlite3*, const char*, int pages) {
+  auto* self = static_cast<HistoryStore*>(store);
+  self->mu_.AssertHeld();  // commits run under mu_
+  self->wal_pages_ = pages;
+  if (self->wal_pages_ >= 4 * self->config_.checkpoint_pages) {
+    // Nobody called CheckpointIfDue (writes that publish nothing): keep the log bounded. The
+    // commit stands either way; a checkpoint that failed is tried again by the next one.
+    self->CheckpointLocked().IgnoreError();
+  }
+  return SQLITE_OK;
+}
+
+absl::Status HistoryStore::CheckpointLocked() {
+  // PASSIVE: this connection is the only writer and reader, so it copies the whole log.
+  const int rc =
+      sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+  if (rc != SQLITE_OK) return SqliteError(db_, rc, "checkpoint of the write-ahead log");
+  wal_pages_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status HistoryStore::CheckpointIfDue() {
+  absl::MutexLock l(&mu_);
+  if (wal_pages_ < config_.checkpoint_pages) return absl::OkStatus();
+  return CheckpointLocked();
+}
+
+int64_t HistoryStore::WalPages() const {
+  absl::MutexLock l(&mu_);
+  return wal_pages_;
 }
 
 }  // namespace meshrun::telemetry

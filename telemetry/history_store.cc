@@ -99,6 +99,9 @@ absl::StatusOr<std::unique_ptr<HistoryStore>> HistoryStore::Create(Config config
   if (config.max_steps_per_job < 0) {
     return absl::InvalidArgumentError("HistoryStore: max_steps_per_job is negative");
   }
+  if (config.checkpoint_pages < 1) {
+    return absl::InvalidArgumentError("HistoryStore: checkpoint_pages must be at least 1");
+  }
   std::unique_ptr<HistoryStore> store(new HistoryStore(std::move(config)));
   RETURN_IF_ERROR(store->Open());
   return store;
@@ -145,6 +148,7 @@ absl::Status HistoryStore::Open() {
   }
   RETURN_IF_ERROR(ExecLocked(config_.synchronous_full ? "PRAGMA synchronous=FULL"
                                                       : "PRAGMA synchronous=NORMAL"));
+  sqlite3_wal_hook(db_, &HistoryStore::OnWalCommit, this);  // replaces SQLite's checkpoints
   int64_t version = 0;
   {
     ASSIGN_OR_RETURN(Stmt stmt, Stmt::Prepare(db_, "PRAGMA user_version"));

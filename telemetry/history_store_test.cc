@@ -214,6 +214,39 @@ TEST_F(HistoryStoreTest, VersionOneHistoryIsConvertedWithEveryPoint) {
             "0");
 }
 
+// Commits leave the write-ahead log's checkpoint to CheckpointIfDue, which the owner calls
+// after publishing, up to four times `checkpoint_pages`, where a commit checkpoints itself.
+TEST_F(HistoryStoreTest, CheckpointsWaitForCheckpointIfDueUpToFourTimesThePages) {
+  HistoryStore::Config config = MakeConfig();
+  config.checkpoint_pages = 20;
+  Open(config);
+  int64_t step = 0;
+  while (store_->WalPages() < 20 && step < 1000) {
+    ASSERT_TRUE(store_->Append(Global("job-1", ++step, 1.0f)).ok());
+  }
+  ASSERT_GE(store_->WalPages(), 20) << "after " << step << " steps";
+  const int64_t due = store_->WalPages();
+  ASSERT_TRUE(store_->Append(Global("job-1", ++step, 1.0f)).ok());
+  EXPECT_GT(store_->WalPages(), due);  // the commit did not checkpoint
+  ASSERT_TRUE(store_->CheckpointIfDue().ok());
+  EXPECT_EQ(store_->WalPages(), 0);
+  ASSERT_TRUE(store_->Append(Global("job-1", ++step, 1.0f)).ok());
+  EXPECT_LT(store_->WalPages(), 20);  // the log starts over
+  ASSERT_TRUE(store_->CheckpointIfDue().ok());  // not due: nothing happens
+  EXPECT_GT(store_->WalPages(), 0);
+
+  // Without CheckpointIfDue, the log stays under four times the pages and one commit's more.
+  int64_t most = 0;
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(store_->Append(Global("job-1", ++step, 1.0f)).ok());
+    most = std::max(most, store_->WalPages());
+  }
+  EXPECT_LT(most, 4 * 20 + 10);
+  Open(config);  // everything committed is there
+  HistoryStore::SeriesRequest request{.job_id = "job-1", .name = "loss"};
+  EXPECT_EQ(store_->ReadSeries(request).value().size(), static_cast<size_t>(step));
+}
+
 TEST_F(HistoryStoreTest, ReadErrors) {
   Open();
   ASSERT_TRUE(store_->Append(Global("job-1", 10, 1)).ok());
@@ -550,6 +583,11 @@ TEST_F(HistoryStoreTest, CreateValidates) {
   EXPECT_EQ(HistoryStore::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
   config.path = dir_ + "/missing/dir/history.db";
   EXPECT_EQ(HistoryStore::Create(config).status().code(), absl::StatusCode::kUnavailable);
+  config.path = dir_ + "/history.db";
+  config.checkpoint_pages = 0;
+  const absl::Status no_pages = HistoryStore::Create(config).status();
+  EXPECT_EQ(no_pages.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(no_pages.message(), "checkpoint_pages")) << no_pages;
 }
 
 }  // namespace
