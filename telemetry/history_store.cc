@@ -1,5 +1,6 @@
 #include "telemetry/history_store.h"
 
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "telemetry/history_sqlite.h"
 
@@ -160,12 +162,23 @@ absl::Status HistoryStore::Open() {
         absl::StrCat("telemetry history ", config_.path, " has schema version ", version,
                      "; this build reads up to ", kSchemaVersion));
   }
-  return TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+  const absl::Time start = absl::Now();
+  if (version == 1) {
+    spdlog::info("telemetry history {}: moving its series points to schema 2's step-major "
+                 "layout, once (about 3 s a million points)",
+                 config_.path);
+  }
+  RETURN_IF_ERROR(TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (version == 1) RETURN_IF_ERROR(ExecLocked(kSetAsideElementMajorPoints));
     RETURN_IF_ERROR(ExecLocked(kSchema));
     if (version == 1) RETURN_IF_ERROR(ExecLocked(kMoveElementMajorPoints));
     return ExecLocked("PRAGMA user_version=2");
-  });
+  }));
+  if (version == 1) {
+    spdlog::info("telemetry history {}: series points moved in {:.1f} s", config_.path,
+                 absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status HistoryStore::TransactionLocked(absl::FunctionRef<absl::Status()> body) {
