@@ -222,7 +222,8 @@ class HistoryStore {
   // checkpoint writes and fsyncs the database): the owner calls this after publishing instead.
   // Errors: the database's. Implemented in history_retention.cc.
   absl::Status CheckpointIfDue();
-  // Pages in the write-ahead log since its last checkpoint (for tests and metrics).
+  // Pages in the write-ahead log since its last checkpoint, as the last commit left it; what
+  // the tests read to see when a checkpoint ran.
   int64_t WalPages() const;
 
   // Deletes everything stored for a job the coordinator forgot (a finished job past
