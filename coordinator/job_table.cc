@@ -214,6 +214,15 @@ absl::StatusOr<std::map<std::string, std::string>> JobTable::HostIncarnations(
                                             it->second.host_incarnations().end());
 }
 
+absl::StatusOr<std::string> JobTable::TelemetryRelayOf(const std::string& job_id,
+                                                       const std::string& host) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  auto relay = it->second.telemetry_relays().find(host);
+  return relay == it->second.telemetry_relays().end() ? std::string() : relay->second;
+}
+
 absl::StatusOr<v1::JobManifest> JobTable::Get(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

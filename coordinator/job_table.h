@@ -103,6 +103,10 @@ class JobTable {
   // telemetry upload). Errors: NOT_FOUND.
   absl::StatusOr<std::map<std::string, std::string>> HostIncarnations(
       const std::string& job_id) const;
+  // scale: the host that relays `host`'s telemetry in the job (JobManifest.telemetry_relays);
+  // empty when none does. Errors: NOT_FOUND (unknown job).
+  absl::StatusOr<std::string> TelemetryRelayOf(const std::string& job_id,
+                                               const std::string& host) const;
 
   // limits (--job_retention, --max_finished_jobs): removes the jobs in a final state that
   // finished more than `retention` ago (zero: none by age), then the earliest finished past the

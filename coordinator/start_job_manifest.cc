@@ -6,6 +6,17 @@
 
 namespace meshrun::coordinator {
 
+std::map<std::string, std::string> AssignTelemetryRelays(const std::vector<std::string>& hosts,
+                                                         int group_hosts) {
+  std::map<std::string, std::string> relay_of;
+  if (group_hosts <= 0 || hosts.size() <= static_cast<size_t>(group_hosts)) return relay_of;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const size_t first = i - i % static_cast<size_t>(group_hosts);
+    if (i != first) relay_of[hosts[i]] = hosts[first];
+  }
+  return relay_of;
+}
+
 StartJobManifests::StartJobManifests(const v1::JobManifest& job) : shared_(job) {
   incarnations_.swap(*shared_.mutable_host_incarnations());
   runtime_versions_.swap(*shared_.mutable_host_runtime_versions());
@@ -30,6 +41,7 @@ StartJobManifests::StartJobManifests(const v1::JobManifest& job) : shared_(job) 
   shared_.clear_straggler_hosts();
   shared_.clear_goodput();
   shared_.clear_state_entered_unix_micros();
+  shared_.clear_telemetry_relays();  // StartJobRequest names the host's own relay
 }
 
 v1::JobManifest StartJobManifests::ForHost(const std::string& host) const {

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "jobspec/memory_tier.h"
 
@@ -93,9 +97,29 @@ TEST(StartJobManifestsTest, AHostsMeshNamesItsDevicesAndItsRingPredecessorsByPos
 TEST(StartJobManifestsTest, WhatAHostGetsDoesNotGrowWithTheHostCount) {
   // The bytes are the same at 8 and at 1024 hosts but for the digits of the mesh size.
   const size_t small = StartJobManifests(JobAcross(8)).ForHost("host-3").ByteSizeLong();
-  const size_t large = StartJobManifests(JobAcross(1024)).ForHost("host-3").ByteSizeLong();
+  v1::JobManifest job = JobAcross(1024);
+  std::vector<std::string> hosts;
+  for (int i = 0; i < 1024; ++i) hosts.push_back(absl::StrCat("host-", i));
+  const std::map<std::string, std::string> relays = AssignTelemetryRelays(hosts, 64);
+  job.mutable_telemetry_relays()->insert(relays.begin(), relays.end());  // the job's, not a host's
+  const size_t large = StartJobManifests(job).ForHost("host-3").ByteSizeLong();
   EXPECT_LE(large, small + 4);
-  EXPECT_LT(large, JobAcross(1024).ByteSizeLong() / 100);
+  EXPECT_LT(large, job.ByteSizeLong() / 100);
+}
+
+TEST(AssignTelemetryRelaysTest, EachGroupsFirstHostRelaysTheOthersInMeshOrder) {
+  std::vector<std::string> hosts;
+  for (int i = 0; i < 10; ++i) hosts.push_back(absl::StrCat("h", 9 - i));  // mesh order
+  const std::map<std::string, std::string> relay_of = AssignTelemetryRelays(hosts, 4);
+  // Groups {h9 h8 h7 h6} {h5 h4 h3 h2} {h1 h0}: the first of each relays, the rest are named.
+  EXPECT_EQ(relay_of, (std::map<std::string, std::string>{{"h8", "h9"}, {"h7", "h9"},
+                                                           {"h6", "h9"}, {"h4", "h5"},
+                                                           {"h3", "h5"}, {"h2", "h5"},
+                                                           {"h0", "h1"}}));
+  // No more hosts than a group, or relays off: every host uploads its own.
+  EXPECT_TRUE(AssignTelemetryRelays(hosts, 10).empty());
+  EXPECT_TRUE(AssignTelemetryRelays(hosts, 0).empty());
+  EXPECT_EQ(AssignTelemetryRelays(hosts, 9).size(), 8u);  // {h9..h1} and h0 alone
 }
 
 }  // namespace

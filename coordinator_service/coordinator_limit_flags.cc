@@ -35,7 +35,8 @@ ABSL_FLAG(int64_t, max_slow_calls_per_identity, 32,
           "slow calls (see --max_slow_calls) one identity may have in flight at once; view "
           "callers together at most half of --max_slow_calls");
 ABSL_FLAG(int64_t, max_upload_streams, 10000,
-          "UploadTelemetry streams (workers' telemetry, one a worker) served at once, and as "
+          "UploadTelemetry and RelayTelemetry streams (workers' telemetry, one a worker, and "
+          "one more a telemetry relay) served at once, and as "
           "many StreamHeartbeats streams (workers' liveness, one a worker); more are refused "
           "(RESOURCE_EXHAUSTED); 0: unlimited");
 ABSL_FLAG(int64_t, max_slow_calls, 256,

@@ -52,6 +52,10 @@ ABSL_FLAG(std::string, tpu_compiler_plugin, "",
 ABSL_FLAG(absl::Duration, restart_wait, absl::Seconds(60),
           "automatic recovery: how long a job restarting from its checkpoint waits for enough "
           "healthy hosts (the same host back, or a spare) before it fails");
+ABSL_FLAG(int32_t, telemetry_relay_hosts, 64,
+          "a job of more hosts than this has its telemetry relayed: its hosts in groups of "
+          "this many, each group's first host forwarding the others' summaries in batches "
+          "(docs/scale.md); 0: every host uploads its own");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
        .http_max_admin_streams = absl::GetFlag(FLAGS_http_max_admin_streams),
        .restart_wait = absl::GetFlag(FLAGS_restart_wait),
        .hang_timeout = absl::GetFlag(FLAGS_hang_timeout),
+       .telemetry_relay_hosts = absl::GetFlag(FLAGS_telemetry_relay_hosts),
        .limits = meshrun::services::CoordinatorLimitsFromFlags()});
   if (!server.ok()) ExitWithError(std::string(server.status().message()), 1);
   // limits: gRPC frees a refused oversized request's buffers, but glibc keeps their pages;

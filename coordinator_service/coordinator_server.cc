@@ -18,6 +18,7 @@
 #include "coordinator/progress_monitor.h"
 #include "coordinator_service/heartbeat_stream.h"
 #include "coordinator_service/program_upload.h"
+#include "coordinator_service/relay_stream.h"
 #include "coordinator_service/upload_stream.h"
 #include "coordinator_service/watch_stream.h"
 #include "rpc/identity_slots.h"
@@ -53,6 +54,7 @@ using CoordinatorMethods =
     v1::Coordinator::WithCallbackMethod_KeyValueDelete<
     v1::Coordinator::WithCallbackMethod_WaitAtBarrier<
     v1::Coordinator::WithCallbackMethod_UploadTelemetry<
+    v1::Coordinator::WithCallbackMethod_RelayTelemetry<
     v1::Coordinator::WithRawCallbackMethod_WatchTelemetry<
     v1::Coordinator::WithRawCallbackMethod_WatchTelemetryBatches<
     v1::Coordinator::WithCallbackMethod_ReportJobProgress<
@@ -62,7 +64,7 @@ using CoordinatorMethods =
     v1::Coordinator::WithCallbackMethod_CheckpointJob<
     v1::Coordinator::WithCallbackMethod_DrainWorker<
     v1::Coordinator::WithCallbackMethod_PreemptJob<
-    v1::Coordinator::Service>>>>>>>>>>>>>>>>>>>>>>>>>>>;
+    v1::Coordinator::Service>>>>>>>>>>>>>>>>>>>>>>>>>>>>;
 
 class CoordinatorServer::Service final : public CoordinatorMethods {
  public:
@@ -200,6 +202,11 @@ class CoordinatorServer::Service final : public CoordinatorMethods {
     return StartUploadStream(&handler_->telemetry(), &handler_->membership(), context,
                              upload_slots_.Acquire(PeerIdentity(*context)));
   }
+  grpc::ServerBidiReactor<v1::HostSummaryBatch, v1::UploadTelemetryAckBatch>* RelayTelemetry(
+      grpc::CallbackServerContext* context) override {
+    return StartRelayStream(&handler_->telemetry(), &handler_->membership(), context,
+                            upload_slots_.Acquire(PeerIdentity(*context)));
+  }
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchTelemetry(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override {
     return StartWatchStream(handler_->telemetry().hub(), *request,
@@ -331,6 +338,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
         "--heartbeat_timeout=", absl::FormatDuration(config.heartbeat_timeout),
         " is too short; use at least 10ms (the default is 10s)"));
   }
+  if (config.telemetry_relay_hosts < 0 || config.telemetry_relay_hosts == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--telemetry_relay_hosts=", config.telemetry_relay_hosts,
+        " names no group to relay for; use 2 or more hosts a group, or 0 to turn relays off "
+        "(the default is 64)"));
+  }
   RETURN_IF_ERROR(CheckRequestLimits(config.limits));
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   ASSIGN_OR_RETURN(server->registry_,
@@ -418,7 +431,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Conf
                           .telemetry = server->telemetry_.get(),
                           .progress = server->progress_.get(),
                           .restart_wait = config.restart_wait,
-                          .programs = server->admission_->programs()});
+                          .programs = server->admission_->programs(),
+                          .telemetry_relay_hosts = config.telemetry_relay_hosts});
   server->handler_ = std::make_unique<CoordinatorRpcHandler>(
       server->registry_.get(), server->kv_.get(), server->jobs_.get(), server->launcher_.get(),
       server->telemetry_.get());

@@ -64,6 +64,9 @@ class CoordinatorServer {
     // A running job none of whose hosts completed a step for this long is failed, naming the
     // host that stopped first (docs/liveness.md); zero: off.
     absl::Duration hang_timeout = absl::ZeroDuration();
+    // A job of more hosts than this has its telemetry relayed in groups of this many
+    // (docs/scale.md, "Telemetry relays"); 0: every host uploads its own.
+    int telemetry_relay_hosts = 64;
     CoordinatorLimits limits;  // limits (docs/limits.md)
     Clock* clock = &RealClock();
   };

@@ -208,16 +208,25 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
   ASSIGN_OR_RETURN(v1::JobManifest job, config_.jobs->Get(job_id));
   if (job.attempts_size() != attempts) return absl::OkStatus();  // restarted meanwhile
   if (jobspec::IsFinal(job.state())) return absl::OkStatus();  // cancelled while loading
+  // Who relays whose telemetry, recorded before any worker starts uploading through a relay.
+  std::vector<std::string> hosts;
+  for (const WorkerInfo& host : assigned.hosts) hosts.push_back(host.host);
+  std::map<std::string, std::string> relay_of;
+  if (config_.telemetry != nullptr && !job.spec().telemetry().empty()) {
+    relay_of = coordinator::AssignTelemetryRelays(hosts, config_.telemetry_relay_hosts);
+  }
+  if (!relay_of.empty() || !job.telemetry_relays().empty()) {
+    RETURN_IF_ERROR(config_.jobs->Update(job_id, [&](v1::JobManifest& m) {
+      m.mutable_telemetry_relays()->clear();
+      m.mutable_telemetry_relays()->insert(relay_of.begin(), relay_of.end());
+    }));
+  }
   // Telemetry is collected before any worker starts.
   if (config_.telemetry != nullptr && !job.spec().telemetry().empty()) {
     RETURN_IF_ERROR(job.attempts_size() > 0 ? config_.telemetry->RestartJob(job)
                                             : config_.telemetry->StartJob(job));
   }
-  if (config_.progress != nullptr) {
-    std::vector<std::string> names;
-    for (const WorkerInfo& host : assigned.hosts) names.push_back(host.host);
-    config_.progress->StartJob(job_id, names);
-  }
+  if (config_.progress != nullptr) config_.progress->StartJob(job_id, hosts);
   const int64_t hang_timeout_millis =
       config_.progress != nullptr ? absl::ToInt64Milliseconds(config_.progress->hang_timeout())
                                   : 0;
@@ -238,6 +247,10 @@ absl::Status JobLauncher::StartWorkers(const std::string& job_id, int attempts,
     if (auto peer = address_of.find(manifests.RingPredecessorOf(host));
         peer != address_of.end()) {
       request.set_ring_peer_address(peer->second);
+    }
+    if (auto relay = relay_of.find(host); relay != relay_of.end()) {
+      request.set_telemetry_relay_host(relay->second);
+      request.set_telemetry_relay_address(address_of.at(relay->second));
     }
     v1::StartJobResponse response;
     auto context = ContextWithTimeout(config_.rpc_timeout);

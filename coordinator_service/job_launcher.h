@@ -65,6 +65,9 @@ class JobLauncher {
     absl::Duration restart_wait = absl::Seconds(60);  // a restart waits this long for hosts
     // Where the jobs' program bytes are (their specs hold only sha256s); null: in the specs.
     coordinator::ProgramStore* programs = nullptr;
+    // A job of more hosts than this has its telemetry relayed in groups of this many
+    // (docs/scale.md, "Telemetry relays"); 0: every host uploads its own.
+    int telemetry_relay_hosts = 64;
   };
 
   explicit JobLauncher(Config config);

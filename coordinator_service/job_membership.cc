@@ -43,6 +43,25 @@ absl::Status JobMembership::CheckMember(const std::optional<Identity>& caller,
                absl::StrCat("report for job ", job_id));
 }
 
+absl::Status JobMembership::CheckRelayed(const std::optional<Identity>& caller,
+                                         const std::string& job_id, const std::string& host,
+                                         const std::string& incarnation) const {
+  if (!IsWorker(caller)) return absl::OkStatus();
+  absl::StatusOr<std::string> relay = jobs_->TelemetryRelayOf(job_id, host);
+  if (!relay.ok()) return absl::OkStatus();  // unknown job: Accept answers NOT_FOUND
+  const std::string what = absl::StrCat("relay host ", host, "'s telemetry of job ", job_id);
+  if (*relay != caller->name) {
+    return Refuse(*caller, what,
+                  relay->empty() ? std::string("the job names no relay for that host; it "
+                                               "uploads its own")
+                                 : absl::StrCat("the job names ", *relay, " as its relay"));
+  }
+  Identity member = *caller;
+  member.name = host;
+  return Check(member, job_id, incarnation, /*unknown_job_passes=*/true,
+               absl::StrCat("have its telemetry of job ", job_id, " relayed by ", caller->name));
+}
+
 absl::Status JobMembership::CheckKey(const std::optional<Identity>& caller,
                                      const std::string& key) const {
   if (!IsWorker(caller)) return absl::OkStatus();

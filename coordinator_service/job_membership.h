@@ -44,6 +44,13 @@ class JobMembership {
   absl::Status CheckMember(const std::optional<Identity>& caller, const std::string& job_id,
                            const std::string& incarnation) const;
 
+  // scale: OK when `caller` may forward `host`'s summary of `job_id` (Coordinator.
+  // RelayTelemetry): it is not a worker identity, or it is the host's relay the job names
+  // (JobManifest.telemetry_relays) and `host` passes CheckMember as if it called itself.
+  // Errors: PERMISSION_DENIED naming the caller, the host, the job and its relay.
+  absl::Status CheckRelayed(const std::optional<Identity>& caller, const std::string& job_id,
+                            const std::string& host, const std::string& incarnation) const;
+
   // OK when a worker `caller` may use `key` (see the namespaces above); unknown jobs are
   // refused here. Errors: PERMISSION_DENIED naming the key, host and why.
   absl::Status CheckKey(const std::optional<Identity>& caller, const std::string& key) const;

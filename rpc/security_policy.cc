@@ -85,6 +85,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/KeyValueDelete", Role::kWorker},
       {"/meshrun.v1.Coordinator/WaitAtBarrier", Role::kWorker},
       {"/meshrun.v1.Coordinator/UploadTelemetry", Role::kWorker},
+      {"/meshrun.v1.Coordinator/RelayTelemetry", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportJobProgress", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportCheckpoint", Role::kWorker},
       {"/meshrun.v1.Coordinator/PreemptJob", Role::kWorker},
@@ -102,7 +103,7 @@ Role RequiredRole(const std::string& method) {
       {"/meshrun.v1.Coordinator/GetMetrics", Role::kView},
       {"/meshrun.v1.Coordinator/GetDeviceMemory", Role::kView},
       {"/meshrun.v1.Coordinator/DrainWorker", Role::kAdmin},
-      // Worker: the coordinator, but for FetchMemoryCheckpoint.
+      // Worker: the coordinator, but for FetchMemoryCheckpoint and RelayTelemetry.
       {"/meshrun.v1.Worker/GetSupportedVersions", Role::kCoordinator},
       {"/meshrun.v1.Worker/LoadExecutable", Role::kCoordinator},
       {"/meshrun.v1.Worker/CompileProgram", Role::kCoordinator},
@@ -115,6 +116,8 @@ Role RequiredRole(const std::string& method) {
       // A restarted job's host fetching its state from a host of the ended run (any worker of
       // the cluster may read what any can read from a job's checkpoint directory).
       {"/meshrun.v1.Worker/FetchMemoryCheckpoint", Role::kWorker},
+      // A host of a telemetry relay's group uploading through it (docs/scale.md).
+      {"/meshrun.v1.Worker/RelayTelemetry", Role::kWorker},
       // gRPC's own services.
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},

@@ -13,10 +13,12 @@
 #include "common/sha256.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "rpc/channel_health.h"
+#include "worker_service/telemetry_relay.h"
 
 namespace meshrun::test_support {
 
 struct FakeFleet::Host {
+  int index = 0;
   std::string name;
   std::string incarnation;
   int port = 0;
@@ -26,7 +28,11 @@ struct FakeFleet::Host {
   std::map<std::string, v1::JobManifest> started ABSL_GUARDED_BY(mu);  // by job id
   std::string job_id ABSL_GUARDED_BY(mu);  // the job it runs, "" after StopJob
   int64_t last_step ABSL_GUARDED_BY(mu) = 0;
+  // The relay StartJob named for this host (docs/scale.md, "Telemetry relays"); empty: none.
+  std::string relay_address ABSL_GUARDED_BY(mu);
   std::unique_ptr<UploadStream> upload;  // opened by the first UploadStep
+  // This host's relay for its group, made by the first RelayTelemetry call to it.
+  std::unique_ptr<services::TelemetryRelay> relay ABSL_GUARDED_BY(mu);
   std::unique_ptr<HeartbeatStream> beats;  // opened by the first beat (HeartbeatLoop's)
 };
 
@@ -53,13 +59,19 @@ std::string FakeExecutable(const std::string& stablehlo, int64_t bytes) {
 }
 }  // namespace
 
-// One UploadTelemetry stream of one host: summaries queue without blocking and go out one
-// write at a time; acks are read and dropped.
+// One host's summary stream, UploadTelemetry to the coordinator or RelayTelemetry to its
+// relay: summaries queue without blocking and go out one write at a time; acks are read and
+// dropped.
 class FakeFleet::UploadStream final
     : public grpc::ClientBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
  public:
   UploadStream(FakeFleet* fleet, v1::Coordinator::Stub& stub) : fleet_(fleet) {
     stub.async()->UploadTelemetry(&context_, this);
+    StartRead(&ack_);
+    StartCall();
+  }
+  UploadStream(FakeFleet* fleet, v1::Worker::Stub& relay) : fleet_(fleet) {
+    relay.async()->RelayTelemetry(&context_, this);
     StartRead(&ack_);
     StartCall();
   }
@@ -192,7 +204,8 @@ class FakeFleet::HeartbeatStream final
 
 // The Worker calls a launch makes, for every fake host; the :authority a call was made to
 // ("127.0.0.1:<port>") names the host.
-class FakeFleet::WorkerService final : public v1::Worker::Service {
+class FakeFleet::WorkerService final
+    : public v1::Worker::WithCallbackMethod_RelayTelemetry<v1::Worker::Service> {
  public:
   explicit WorkerService(FakeFleet* fleet) : fleet_(fleet) {}
   void IndexPorts() {
@@ -263,12 +276,33 @@ class FakeFleet::WorkerService final : public v1::Worker::Service {
       host->started[request->job_id()] = request->manifest();
       host->job_id = request->job_id();
       host->last_step = 0;
+      host->relay_address = request->telemetry_relay_address();
     }
     absl::MutexLock lock(&fleet_->mu_);
     ++fleet_->figures_.start_job_calls;
     fleet_->figures_.start_job_bytes += bytes;
     fleet_->figures_.start_job_max_bytes = std::max(fleet_->figures_.start_job_max_bytes, bytes);
     return grpc::Status::OK;
+  }
+  // The product's relay (worker_service/telemetry_relay.h), one per relaying host.
+  grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* RelayTelemetry(
+      grpc::CallbackServerContext* context) override {
+    Host* host = HostOf(*context);
+    if (host == nullptr) {
+      auto* refused = new RefusedStream;
+      refused->Finish(Unknown(*context));
+      return refused;
+    }
+    services::TelemetryRelay* relay;
+    {
+      absl::MutexLock lock(&host->mu);
+      if (host->relay == nullptr) {
+        host->relay = std::make_unique<services::TelemetryRelay>(services::TelemetryRelay::Config{
+            .coordinator = fleet_->channels_[fleet_->ChannelOf(host->index)]});
+      }
+      relay = host->relay.get();
+    }
+    return relay->Serve(context);
   }
   grpc::Status StopJob(grpc::ServerContext* context, const v1::StopJobRequest* request,
                        v1::StopJobResponse*) override {
@@ -280,7 +314,7 @@ class FakeFleet::WorkerService final : public v1::Worker::Service {
   }
 
  private:
-  Host* HostOf(const grpc::ServerContext& context) const {
+  Host* HostOf(const grpc::ServerContextBase& context) const {
     const grpc::string_ref authority = context.ExperimentalGetAuthority();
     const std::string text(authority.data(), authority.size());
     int port = 0;
@@ -291,12 +325,17 @@ class FakeFleet::WorkerService final : public v1::Worker::Service {
     auto it = by_port_.find(port);
     return it == by_port_.end() ? nullptr : it->second;
   }
-  static grpc::Status Unknown(const grpc::ServerContext& context) {
+  static grpc::Status Unknown(const grpc::ServerContextBase& context) {
     const grpc::string_ref authority = context.ExperimentalGetAuthority();
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("no fake host serves ",
                                      std::string(authority.data(), authority.size())));
   }
+
+  struct RefusedStream final
+      : public grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck> {
+    void OnDone() override { delete this; }
+  };
 
   FakeFleet* const fleet_;
   std::map<int, Host*> by_port_;  // filled before the server takes calls, read-only after
@@ -306,11 +345,13 @@ FakeFleet::FakeFleet(Config config) : config_(std::move(config)) {
   for (int c = 0; c < std::max(1, config_.channels); ++c) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per channel
-    stubs_.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        config_.coordinator, grpc::InsecureChannelCredentials(), args)));
+    channels_.push_back(
+        grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args));
+    stubs_.push_back(v1::Coordinator::NewStub(channels_.back()));
   }
   for (int i = 0; i < config_.hosts; ++i) {
     auto host = std::make_unique<Host>();
+    host->index = i;
     host->name = absl::StrCat("fake-tpu-", i);
     host->incarnation = absl::StrCat("fleet-", getpid(), "-", i);
     for (int d = 0; d < config_.devices_per_host; ++d) {
@@ -348,7 +389,8 @@ FakeFleet::~FakeFleet() {
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
 }
 
-v1::Coordinator::Stub& FakeFleet::StubFor(int host) { return *stubs_[host % stubs_.size()]; }
+size_t FakeFleet::ChannelOf(int host) const { return host % channels_.size(); }
+v1::Coordinator::Stub& FakeFleet::StubFor(int host) { return *stubs_[ChannelOf(host)]; }
 
 absl::Status FakeFleet::Start() {
   service_ = std::make_unique<WorkerService>(this);
@@ -499,7 +541,21 @@ void FakeFleet::UploadStep(const std::string& job_id, int64_t step) {
     summary.set_replica_count(config_.devices_per_host);  // data-parallel over every chip
     summary.set_step_time_seconds(0.01);
     summary.set_wall_time_unix_micros(absl::GetCurrentTimeNanos() / 1000);
-    if (host.upload == nullptr) host.upload = std::make_unique<UploadStream>(this, StubFor(i));
+    if (host.upload == nullptr) {
+      std::string relay;
+      {
+        absl::MutexLock lock(&host.mu);
+        relay = host.relay_address;
+      }
+      if (relay.empty()) {
+        host.upload = std::make_unique<UploadStream>(this, StubFor(i));
+      } else {
+        std::unique_ptr<v1::Worker::Stub>& stub = relay_stubs_[relay];
+        if (stub == nullptr) stub = v1::Worker::NewStub(grpc::CreateChannel(
+                                 relay, grpc::InsecureChannelCredentials()));
+        host.upload = std::make_unique<UploadStream>(this, *stub);
+      }
+    }
     host.upload->Send(std::move(summary));
   }
 }

@@ -3,8 +3,9 @@
 // heartbeats on the interval the coordinator asks for (on a StreamHeartbeats stream of its own,
 // or by a Heartbeat call per beat with Config::unary_heartbeats), serves the Worker calls a
 // launch makes (GetStatus, CompileProgram, LoadExecutable, StartJob, StopJob) and, once started,
-// uploads one HostSummary per step on its own UploadTelemetry stream, as a worker does. Nothing runs: a
-// compile answers with `executable_bytes` of seeded bytes, a step is a timer.
+// uploads one HostSummary per step on its own UploadTelemetry stream, as a worker does, or, when
+// StartJob names a telemetry relay, to that host's relay, the product's TelemetryRelay.
+// Nothing runs: a compile answers with `executable_bytes` of seeded bytes, a step is a timer.
 //
 // One gRPC server serves every host (a listening port each; the caller's :authority names the
 // host), and every client call is asynchronous, so the fleet needs a handful of threads
@@ -20,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
 
 namespace meshrun::test_support {
 
@@ -90,11 +93,15 @@ class FakeFleet {
   void HeartbeatLoop();
   // Counts one beat's answer: acknowledged after `took`, or refused with `error`.
   void RecordHeartbeat(absl::Duration took, const grpc::Status& error);
+  size_t ChannelOf(int host) const;
   v1::Coordinator::Stub& StubFor(int host);
 
   const Config config_;
   std::vector<std::unique_ptr<Host>> hosts_;
-  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;  // one on each channel
+  // To the relays StartJob named, by address (UploadStep's thread only).
+  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> relay_stubs_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);

@@ -107,6 +107,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Coordinator/KeyValueDelete", Role::kWorker},
       {"/meshrun.v1.Coordinator/WaitAtBarrier", Role::kWorker},
       {"/meshrun.v1.Coordinator/UploadTelemetry", Role::kWorker},
+      {"/meshrun.v1.Coordinator/RelayTelemetry", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportJobProgress", Role::kWorker},
       {"/meshrun.v1.Coordinator/ReportCheckpoint", Role::kWorker},
       {"/meshrun.v1.Coordinator/PreemptJob", Role::kWorker},
@@ -133,6 +134,7 @@ const std::map<std::string, Role>& ExpectedRoles() {
       {"/meshrun.v1.Worker/CheckpointNow", Role::kCoordinator},
       {"/meshrun.v1.Worker/Drain", Role::kCoordinator},
       {"/meshrun.v1.Worker/FetchMemoryCheckpoint", Role::kWorker},
+      {"/meshrun.v1.Worker/RelayTelemetry", Role::kWorker},
       {"/grpc.health.v1.Health/Check", Role::kAnyAuthenticated},
       {"/grpc.health.v1.Health/Watch", Role::kAnyAuthenticated},
       {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Role::kView},
@@ -508,6 +510,74 @@ TEST_F(SecurityTest, OnlyTheJobsCurrentWorkersReachItsState) {
   EXPECT_TRUE(denied(Call(b, port, "/meshrun.v1.Coordinator/ReportJobProgress",
                           progress.SerializeAsString()),
                      "no longer current"));
+}
+
+// Telemetry relays (docs/scale.md): the coordinator takes a host's relayed summaries only from
+// the relay its job names for that host, and only for a current member; a refusal is an ack
+// for that host, and the stream goes on.
+TEST_F(SecurityTest, OnlyTheNamedRelayForwardsAHostsTelemetry) {
+  Issue(ca_, "worker", "worker-r");
+  Issue(ca_, "worker", "worker-m");
+  v1::JobSpec spec;
+  spec.set_name("relayed");
+  const std::string job = coordinator_->jobs().Add(spec);
+  ASSERT_TRUE(coordinator_->jobs()
+                  .Update(job, [](v1::JobManifest& m) {
+                    (*m.mutable_host_incarnations())["worker-r"] = "inc-r";
+                    (*m.mutable_host_incarnations())["worker-m"] = "inc-m";
+                    (*m.mutable_telemetry_relays())["worker-m"] = "worker-r";
+                  })
+                  .ok());
+  // One batch on a RelayTelemetry stream of `caller`; the acks that come back.
+  const auto relay = [&](const std::string& caller, const std::vector<v1::HostSummary>& batch) {
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", coordinator_->port()),
+        MakeChannelCredentials(CertCaller(ca_, caller, ca_))));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->RelayTelemetry(&context);
+    v1::HostSummaryBatch out;
+    for (const v1::HostSummary& summary : batch) *out.add_summaries() = summary;
+    EXPECT_TRUE(stream->Write(out));
+    stream->WritesDone();
+    std::vector<v1::UploadTelemetryAck> acks;
+    v1::UploadTelemetryAckBatch in;
+    while (stream->Read(&in)) acks.insert(acks.end(), in.acks().begin(), in.acks().end());
+    EXPECT_TRUE(stream->Finish().ok());  // refusals travel in acks, not as the stream's end
+    return acks;
+  };
+  const auto summary = [&](const std::string& host, const std::string& incarnation) {
+    v1::HostSummary s;
+    s.set_job_id(job);
+    s.set_host(host);
+    s.set_incarnation(incarnation);
+    s.set_step(1);
+    return s;
+  };
+  const auto refused = [](const v1::UploadTelemetryAck& ack, const std::string& host,
+                          const std::string& why) {
+    return ack.host() == host &&
+           ack.error_code() == static_cast<int32_t>(grpc::StatusCode::PERMISSION_DENIED) &&
+           absl::StrContains(ack.error_message(), why);
+  };
+  // A worker that is not the named relay; the named relay for a host it does not relay (its
+  // own, which it uploads itself); the member's summary with a stale incarnation.
+  std::vector<v1::UploadTelemetryAck> acks = relay("worker-a", {summary("worker-m", "inc-m")});
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_TRUE(refused(acks[0], "worker-m", "the job names worker-r as its relay"))
+      << acks[0].error_message();
+  acks = relay("worker-r", {summary("worker-r", "inc-r"), summary("worker-m", "inc-old"),
+                            summary("worker-m", "inc-m")});
+  ASSERT_EQ(acks.size(), 3u);
+  EXPECT_TRUE(refused(acks[0], "worker-r", "names no relay for that host"))
+      << acks[0].error_message();
+  EXPECT_TRUE(refused(acks[1], "worker-m", "incarnation inc-old is not the one"))
+      << acks[1].error_message();
+  // The named relay, for a current member: past the check (the job collects no telemetry, so
+  // the telemetry path answers NOT_FOUND), and the stream took all three.
+  EXPECT_EQ(acks[2].host(), "worker-m");
+  EXPECT_EQ(acks[2].error_code(), static_cast<int32_t>(grpc::StatusCode::NOT_FOUND))
+      << acks[2].error_message();
 }
 
 // Clients check who answers: a server with a worker's certificate posing as the coordinator,

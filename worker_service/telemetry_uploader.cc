@@ -48,6 +48,30 @@ void TelemetryUploader::DropEarlierRuns(const std::string& job_id, int attempt) 
                queue_.end());
 }
 
+void TelemetryUploader::UseRelay(const std::string& host, const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  if (address == relay_address_ && host == relay_host_) return;
+  relay_host_ = host;
+  relay_address_ = address;
+  relay_stub_.reset();
+  if (!address.empty()) {
+    relay_stub_ = v1::Worker::NewStub(config_.credentials != nullptr
+                                          ? grpc::CreateChannel(address, config_.credentials)
+                                          : MakeWorkerChannel(address, host));
+  }
+  if (stream_context_ != nullptr) {
+    switching_ = true;
+    stream_context_->TryCancel();
+  }
+}
+
+std::unique_ptr<TelemetryUploader::SummaryStream> TelemetryUploader::OpenStream(
+    grpc::ClientContext* context, bool* via_relay) {
+  absl::MutexLock lock(&mu_);
+  *via_relay = relay_stub_ != nullptr;
+  return *via_relay ? relay_stub_->RelayTelemetry(context) : stub_->UploadTelemetry(context);
+}
+
 int64_t TelemetryUploader::dropped() const {
   absl::MutexLock lock(&mu_);
   return dropped_;
@@ -93,7 +117,8 @@ bool TelemetryUploader::RunStream() {
     if (stop_) return false;
     stream_context_ = &context;
   }
-  auto stream = stub_->UploadTelemetry(&context);
+  bool via_relay = false;
+  std::unique_ptr<SummaryStream> stream = OpenStream(&context, &via_relay);
   // Acks arrive on their own thread: each drops the job's summaries up to the persisted step.
   std::thread reader([&] {
     v1::UploadTelemetryAck ack;
@@ -137,7 +162,12 @@ bool TelemetryUploader::RunStream() {
   absl::MutexLock lock(&mu_);
   stream_context_ = nullptr;
   stop_reading_ = false;
-  if (stop_ || status.error_code() == grpc::StatusCode::CANCELLED) return false;
+  if (switching_) {  // UseRelay: on to the new side at once
+    switching_ = false;
+    return true;
+  }
+  // A relay's stream cancelled by the relay (it is stopping) falls back below, as a failure.
+  if (stop_ || (status.error_code() == grpc::StatusCode::CANCELLED && !via_relay)) return false;
   const bool refused = status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
                        status.error_code() == grpc::StatusCode::NOT_FOUND ||
                        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
@@ -164,6 +194,14 @@ bool TelemetryUploader::RunStream() {
       return true;
     }
     return false;
+  }
+  if (via_relay && relay_stub_ != nullptr) {
+    spdlog::warn("telemetry relay {} at {} failed: {} (uploading to the coordinator instead)",
+                 relay_host_, relay_address_, status.error_message());
+    relay_stub_.reset();
+    relay_host_.clear();  // the next job's UseRelay tries it again
+    relay_address_.clear();
+    return true;
   }
   spdlog::warn("telemetry stream to {} ended: {} (reconnecting)", config_.coordinator,
                status.error_message());

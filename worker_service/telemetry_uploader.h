@@ -6,6 +6,11 @@
 // A summary the coordinator refuses is dropped, and with it the rest of its job's when the
 // refusal is about the job (it no longer collects telemetry, e.g. cancelled).
 //
+// Through a telemetry relay (UseRelay, docs/scale.md "Telemetry relays") the stream goes to the
+// relay's Worker.RelayTelemetry instead, with the same acks and refusals; once a relay stream
+// fails otherwise (the relay died, or lost the coordinator), the uploader sends to the
+// coordinator itself until the next UseRelay.
+//
 // Lifetime: starts its sender thread on construction; the destructor stops it (bounded).
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
@@ -22,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
 
 namespace meshrun::services {
 
@@ -49,6 +55,11 @@ class TelemetryUploader {
   // checkpoint, and the coordinator no longer takes them.
   void DropEarlierRuns(const std::string& job_id, int attempt);
 
+  // From now on sends through the relay `host` serving at `address` (StartJobRequest's
+  // telemetry_relay_*), or to the coordinator when `address` is empty. An open stream to the
+  // other side ends; what it left unacknowledged is resent on the new one.
+  void UseRelay(const std::string& host, const std::string& address);
+
   int64_t dropped() const;
 
  private:
@@ -57,14 +68,23 @@ class TelemetryUploader {
     bool sent = false;
   };
   void SendLoop();
-  // One stream's life: returns when it broke or the uploader stops; true when the coordinator
-  // refused a summary (dropped here), so the next stream can start at once.
+  // One stream's life: returns when it broke or the uploader stops; true when the next stream
+  // may start at once: the coordinator refused a summary (dropped here), or the stream moved
+  // to or from a relay.
   bool RunStream();
+  using SummaryStream = grpc::ClientReaderWriter<v1::HostSummary, v1::UploadTelemetryAck>;
+  // Opens the stream to the relay when one is set, else to the coordinator; `via_relay` says
+  // which.
+  std::unique_ptr<SummaryStream> OpenStream(grpc::ClientContext* context, bool* via_relay);
   bool HasUnsentLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   mutable absl::Mutex mu_;
+  std::string relay_host_ ABSL_GUARDED_BY(mu_);  // empty: to the coordinator
+  std::string relay_address_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<v1::Worker::Stub> relay_stub_ ABSL_GUARDED_BY(mu_);  // to relay_address_
+  bool switching_ ABSL_GUARDED_BY(mu_) = false;  // UseRelay cancelled the current stream
   std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -376,6 +376,8 @@ absl::Status WorkerServer::StartJob(const v1::StartJobRequest& request) {
   const std::string job_id = manifest.job_id();
   const int attempt = manifest.attempts_size();
   RETURN_IF_ERROR(StopEarlierRun(job_id, attempt));
+  // This run's summaries go through the relay the coordinator named (none: to it directly).
+  uploader_->UseRelay(request.telemetry_relay_host(), request.telemetry_relay_address());
   // Compile mode B (MoE, host replicas): grad micro-steps then apply, not one step program.
   const bool mode_b = jobspec::IsModeB(spec);
   ASSIGN_OR_RETURN(JobPrograms programs,

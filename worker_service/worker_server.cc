@@ -81,6 +81,10 @@ class WorkerServer::Service final : public v1::Worker::CallbackService {
     return ServeMemoryCheckpoint(
         owner_->memory_checkpoints_.Copies(request->job_id(), request->step()), *request);
   }
+  grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* RelayTelemetry(
+      grpc::CallbackServerContext* context) override {
+    return owner_->relay_->Serve(context);
+  }
   grpc::ServerReadReactor<v1::LoadExecutableChunk>* LoadExecutable(
       grpc::CallbackServerContext*, v1::LoadExecutableResponse* response) override;
   grpc::ServerWriteReactor<v1::LoadExecutableChunk>* CompileProgram(
@@ -293,6 +297,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Config config)
   server->data_roots_ = std::move(data_roots);
   server->uploader_ = std::make_unique<TelemetryUploader>(
       TelemetryUploader::Config{.coordinator = server->config_.coordinator});
+  server->relay_ = std::make_unique<TelemetryRelay>(
+      TelemetryRelay::Config{.coordinator = MakeCoordinatorChannel(server->config_.coordinator)});
   ASSIGN_OR_RETURN(server->executables_,
                    worker::ExecutableStore::Create(
                        server->config_.state_dir + "/executables",

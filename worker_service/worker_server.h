@@ -32,6 +32,7 @@
 #include "common/idle_watchdog.h"
 #include "common/path_roots.h"
 #include "worker_service/heartbeat_sender.h"
+#include "worker_service/telemetry_relay.h"
 #include "worker_service/telemetry_uploader.h"
 #include "worker/checkpointing.h"
 #include "worker/executable_store.h"
@@ -163,6 +164,8 @@ class WorkerServer {
   // The last job's in-memory checkpoints: kept across its runs (a restart restores them).
   worker::MemoryCheckpointStore memory_checkpoints_;
   std::unique_ptr<TelemetryUploader> uploader_;
+  // Serves Worker.RelayTelemetry for the hosts this one relays for; after server_ is gone.
+  std::unique_ptr<TelemetryRelay> relay_;
   absl::Mutex job_mu_;
   std::unique_ptr<RunningJob> job_ ABSL_GUARDED_BY(job_mu_);
   BackgroundTasks reporters_;  // outcome reports, retried while the coordinator is away
