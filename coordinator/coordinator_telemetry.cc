@@ -300,8 +300,7 @@ void CoordinatorTelemetry::AckCommitted(const v1::GlobalSummary& summary) {
   }
 }
 
-absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(
-    const v1::HostSummary& summary) {
+absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(v1::HostSummary summary) {
   // An empty incarnation is checked too: it is no registered host's, so a zombie or a spoof
   // cannot skip the fence by leaving it out.
   if (admit_) RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
@@ -314,30 +313,34 @@ absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(
       return history_->PersistedThroughStep(summary.job_id(), summary.host());
     }
   }
-  ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome, combiner_->Add(summary));
+  // The combiner keeps the summary itself when it takes it: what is read after, read now.
+  const std::string job_id = summary.job_id(), host = summary.host();
+  const int64_t step = summary.step();
   const double seconds =
       summary.compute_seconds() > 0 ? summary.compute_seconds() : summary.step_time_seconds();
-  if (stragglers_->Observe(summary.job_id(), summary.host(), summary.step(), seconds)) {
-    const std::vector<std::string> flagged = stragglers_->Flagged(summary.job_id());
-    spdlog::warn("job {}: stragglers at step {}: [{}]", summary.job_id(), summary.step(),
+  ASSIGN_OR_RETURN(telemetry::StepCombiner::AddOutcome outcome,
+                   combiner_->Add(std::move(summary)));
+  if (stragglers_->Observe(job_id, host, step, seconds)) {
+    const std::vector<std::string> flagged = stragglers_->Flagged(job_id);
+    spdlog::warn("job {}: stragglers at step {}: [{}]", job_id, step,
                  absl::StrJoin(flagged, ", "));
   }
   {
     absl::MutexLock l(&steps_mu_);
-    int64_t& latest = latest_step_[summary.job_id()];
-    latest = std::max(latest, summary.step());
+    int64_t& latest = latest_step_[job_id];
+    latest = std::max(latest, step);
   }
   switch (outcome) {
     case telemetry::StepCombiner::AddOutcome::kAccepted:
       return std::nullopt;  // acknowledged when its step is committed (AckCommitted)
     case telemetry::StepCombiner::AddOutcome::kLate:
-      return history_->AppendHost(summary);  // kept for the record; its step stays partial
+      return history_->AppendHost(summary);  // not taken: kept for the record, step partial
     case telemetry::StepCombiner::AddOutcome::kDuplicate:
       break;
   }
   // Resending is useless: what the host has committed so far. A copy of a step still pending
   // is acknowledged with the step.
-  return history_->PersistedThroughStep(summary.job_id(), summary.host());
+  return history_->PersistedThroughStep(job_id, host);
 }
 
 void CoordinatorTelemetry::NoteNonFinite(

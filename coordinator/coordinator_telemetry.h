@@ -119,7 +119,8 @@ class CoordinatorTelemetry {
   // summary waits for its step: the step's commit acknowledges it through the host's route.
   // Errors: NOT_FOUND (job not collecting), INVALID_ARGUMENT (field named), the store's,
   // Config::admit's (a fenced incarnation).
-  absl::StatusOr<std::optional<int64_t>> Accept(const v1::HostSummary& summary);
+  // Taken by value: a caller done with its summary moves it in, and the step keeps it.
+  absl::StatusOr<std::optional<int64_t>> Accept(v1::HostSummary summary);
   // The highest step any host reported telemetry for (0: none yet): a running job's current
   // step, to the telemetry cadence, for `meshrun list` and /api/jobs.
   int64_t LatestStep(const std::string& job_id) const;

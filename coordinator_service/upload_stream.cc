@@ -46,15 +46,17 @@ class UploadReactor final
       routes_[in_.host()] = telemetry_->RouteAcks(
           in_.host(), [this](const std::string& job_id, int64_t step) { Ack(job_id, step); });
     }
+    const std::string job_id = in_.job_id();
+    // Moved: the next read parses into a cleared message.
     absl::StatusOr<std::optional<int64_t>> persisted =
-        caller.ok() ? telemetry_->Accept(in_) : caller;
+        caller.ok() ? telemetry_->Accept(std::move(in_)) : caller;
     if (!persisted.ok()) {
       absl::MutexLock lock(&mu_);
       reads_done_ = true;
       FinishIfIdleLocked(ToGrpcStatus(persisted.status()));
       return;
     }
-    if (*persisted) Ack(in_.job_id(), **persisted);
+    if (*persisted) Ack(job_id, **persisted);
     StartRead(&in_);
   }
 

@@ -41,15 +41,16 @@ class Stmt {
   }
   // The cached statement of `sql`, prepared on first use; its own one while the cached one
   // is held by another Stmt.
-  static absl::StatusOr<Stmt> Cached(sqlite3* db, std::map<std::string, CachedStatement>& cache,
-                                     const char* sql) {
-    CachedStatement& entry = cache[sql];
+  static absl::StatusOr<Stmt> Cached(sqlite3* db, StatementCache& cache, const char* sql) {
+    auto found = cache.find(absl::string_view(sql));  // no copy of the text per call
+    if (found == cache.end()) found = cache.emplace(sql, CachedStatement()).first;
+    CachedStatement& entry = found->second;
     if (entry.in_use) return Prepare(db, sql);
     if (entry.stmt == nullptr) {
       const int rc =
           sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &entry.stmt, nullptr);
       if (rc != SQLITE_OK) {
-        cache.erase(sql);
+        cache.erase(found);
         return SqliteError(db, rc, absl::StrCat("prepare \"", sql, "\""));
       }
     }

@@ -248,7 +248,8 @@ absl::Status HistoryStore::AddSeriesLocked(const std::string& job_id,
       .Run();
 }
 
-absl::Status HistoryStore::PutHostLocked(const v1::HostSummary& summary, int64_t host_index) {
+absl::Status HistoryStore::PutHostLocked(const v1::HostSummary& summary, int64_t host_index,
+                                         bool progress) {
   ASSIGN_OR_RETURN(
       Stmt stmt,
       Stmt::Cached(db_, statements_,
@@ -263,14 +264,16 @@ absl::Status HistoryStore::PutHostLocked(const v1::HostSummary& summary, int64_t
                       .Bind(5, absl::ToUnixMicros(config_.clock->Now()))
                       .BindBlob(6, summary.SerializeAsString())
                       .Run());
+  if (!progress) return absl::OkStatus();
   ASSIGN_OR_RETURN(
-      Stmt progress,
+      Stmt persisted,
       Stmt::Cached(db_, statements_,
                    "INSERT INTO host_progress(job_id, host, persisted_through_step) "
                    "VALUES(?1, ?2, ?3) ON CONFLICT(job_id, host) DO UPDATE SET "
                    "persisted_through_step = MAX(persisted_through_step, "
                    "excluded.persisted_through_step)"));
-  return progress.Bind(1, summary.job_id()).Bind(2, summary.host()).Bind(3, summary.step()).Run();
+  return persisted.Bind(1, summary.job_id()).Bind(2, summary.host()).Bind(3, summary.step())
+      .Run();
 }
 
 absl::Status HistoryStore::RegisterJob(const std::string& job_id,
@@ -350,8 +353,19 @@ absl::Status HistoryStore::Append(
                             .Run());
       }
     }
-    for (int h = 0; h < hosts.size(); ++h) RETURN_IF_ERROR(PutHostLocked(hosts.Get(h), h));
-    return absl::OkStatus();
+    for (int h = 0; h < hosts.size(); ++h) {
+      RETURN_IF_ERROR(PutHostLocked(hosts.Get(h), h, /*progress=*/false));
+    }
+    // Every host of the step has persisted through it: one statement for them all, not one a
+    // host (at a thousand hosts, a fifth of a step's commit).
+    ASSIGN_OR_RETURN(
+        Stmt progress,
+        Stmt::Cached(db_, statements_,
+                     "INSERT INTO host_progress(job_id, host, persisted_through_step) "
+                     "SELECT job_id, host, step FROM host_summaries WHERE job_id = ?1 AND "
+                     "step = ?2 ON CONFLICT(job_id, host) DO UPDATE SET persisted_through_step = "
+                     "MAX(persisted_through_step, excluded.persisted_through_step)"));
+    return progress.Bind(1, summary.job_id()).Bind(2, summary.step()).Run();
   });
 }
 
@@ -400,7 +414,7 @@ void HistoryStore::CommitHostsLocked(const std::vector<HostAppend*>& batch) {
         ASSIGN_OR_RETURN(bool exists,
                          stmt.Bind(1, summary.job_id()).Bind(2, summary.step())
                              .Bind(3, summary.host()).Step());
-        if (!exists) RETURN_IF_ERROR(PutHostLocked(summary, kUnknownHostIndex));
+        if (!exists) RETURN_IF_ERROR(PutHostLocked(summary, kUnknownHostIndex, true));
       }
       ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_,
                                                "SELECT persisted_through_step FROM "

@@ -81,6 +81,8 @@ struct CachedStatement {
   sqlite3_stmt* stmt = nullptr;
   bool in_use = false;
 };
+// By SQL text; std::less<> finds by string_view, without a copy of the text.
+using StatementCache = std::map<std::string, CachedStatement, std::less<>>;
 }  // namespace history_internal
 
 class HistoryStore {
@@ -254,7 +256,9 @@ class HistoryStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AddSeriesLocked(const std::string& job_id, const v1::TelemetryDeclaration& decl)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PutHostLocked(const v1::HostSummary& summary, int64_t host_index)
+  // Stores a host summary; with `progress`, also raises its host's persisted step (Append
+  // raises those of a whole step at once instead).
+  absl::Status PutHostLocked(const v1::HostSummary& summary, int64_t host_index, bool progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A host summary waiting for AppendHost's group commit, on its caller's stack.
   struct HostAppend {
@@ -275,8 +279,7 @@ class HistoryStore {
   int64_t wal_pages_ ABSL_GUARDED_BY(mu_) = 0;
   // Statements prepared once per SQL text and reused: parsing costs more than running the
   // small statements of each append.
-  std::map<std::string, history_internal::CachedStatement> statements_
-      ABSL_GUARDED_BY(mu_);
+  history_internal::StatementCache statements_ ABSL_GUARDED_BY(mu_);
   // AppendHost's queue: taken before mu_, by a leader only while no commit is under way.
   absl::Mutex appends_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<HostAppend*> appends_ ABSL_GUARDED_BY(appends_mu_);

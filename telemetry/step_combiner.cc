@@ -175,7 +175,7 @@ absl::Status StepCombiner::Validate(const Job& job, const v1::HostSummary& summa
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepCombiner::AddOutcome> StepCombiner::Add(const v1::HostSummary& summary) {
+absl::StatusOr<StepCombiner::AddOutcome> StepCombiner::Add(v1::HostSummary&& summary) {
   AddOutcome outcome = AddOutcome::kAccepted;
   bool deliver = false;
   {
@@ -199,7 +199,7 @@ absl::StatusOr<StepCombiner::AddOutcome> StepCombiner::Add(const v1::HostSummary
     if (pending == job.pending.end()) {
       pending = job.pending.emplace(summary.step(), PendingStep{now + config_.grace, {}}).first;
     }
-    if (!pending->second.by_host.emplace(host, summary).second) {
+    if (!pending->second.by_host.try_emplace(host, std::move(summary)).second) {
       outcome = AddOutcome::kDuplicate;
     }
     // Bound memory: force the oldest steps out when too many pend.

@@ -118,7 +118,11 @@ class StepCombiner {
   // replica_count differing from the job's (0 means "as declared"), a series that is not
   // declared or appears twice, a declared series missing, a shape or value count that differs
   // from the declaration, a negative or non-finite step_time_seconds or data_wait_seconds.
-  absl::StatusOr<AddOutcome> Add(const v1::HostSummary& summary);
+  // The summary is moved from only when it is kept (kAccepted); otherwise it is left as it was.
+  absl::StatusOr<AddOutcome> Add(v1::HostSummary&& summary);
+  absl::StatusOr<AddOutcome> Add(const v1::HostSummary& summary) {
+    return Add(v1::HostSummary(summary));
+  }
 
   // Emits every step whose grace has passed (and the complete steps queued behind them).
   // Call when NextDeadline() is reached, or periodically.
