@@ -11,8 +11,7 @@ std::map<std::string, std::string> AssignTelemetryRelays(const std::vector<std::
   std::map<std::string, std::string> relay_of;
   if (group_hosts <= 0 || hosts.size() <= static_cast<size_t>(group_hosts)) return relay_of;
   for (size_t i = 0; i < hosts.size(); ++i) {
-    const size_t first = i - i % static_cast<size_t>(group_hosts);
-    if (i != first) relay_of[hosts[i]] = hosts[first];
+    relay_of[hosts[i]] = hosts[i - i % static_cast<size_t>(group_hosts)];
   }
   return relay_of;
 }

@@ -23,9 +23,10 @@
 namespace meshrun::coordinator {
 
 // Telemetry relays (docs/scale.md, "Telemetry relays"): `hosts` (a job's, in mesh order) in
-// groups of `group_hosts`, each group's first host relaying the others' summaries. Returns
-// member -> its relay, for every host but the relays; empty when the job has no more than
-// `group_hosts` hosts or `group_hosts` is 0 (every host uploads its own). Pure.
+// groups of `group_hosts`, each group's first host relaying the group's summaries, its own
+// included (one stream a group reaches the coordinator). Returns host -> its relay; empty when
+// the job has no more than `group_hosts` hosts or `group_hosts` is 0 (every host uploads its
+// own). Pure.
 std::map<std::string, std::string> AssignTelemetryRelays(const std::vector<std::string>& hosts,
                                                          int group_hosts);
 

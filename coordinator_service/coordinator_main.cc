@@ -54,7 +54,7 @@ ABSL_FLAG(absl::Duration, restart_wait, absl::Seconds(60),
           "healthy hosts (the same host back, or a spare) before it fails");
 ABSL_FLAG(int32_t, telemetry_relay_hosts, 64,
           "a job of more hosts than this has its telemetry relayed: its hosts in groups of "
-          "this many, each group's first host forwarding the others' summaries in batches "
+          "this many, each group's first host forwarding the group's summaries in batches "
           "(docs/scale.md); 0: every host uploads its own");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");

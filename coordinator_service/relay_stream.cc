@@ -1,11 +1,9 @@
 #include "coordinator_service/relay_stream.h"
 
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -39,23 +37,21 @@ class RelayReactor final
       return;
     }
     const std::optional<Identity> caller = PeerIdentity(*context_);
-    for (const v1::HostSummary& summary : in_.summaries()) {
-      const std::string& host = summary.host();
+    for (v1::HostSummary& summary : *in_.mutable_summaries()) {
+      const std::string host = summary.host(), job_id = summary.job_id();  // it moves on
       absl::Status allowed =
-          membership_->CheckRelayed(caller, summary.job_id(), host, summary.incarnation());
+          membership_->CheckRelayed(caller, job_id, host, summary.incarnation());
       // Routed before the summary is combined, so the commit of its step finds the route.
       if (allowed.ok() && routes_.find(host) == routes_.end()) {
         routes_[host] = telemetry_->RouteAcks(
-            host, [this, host](const std::string& job_id, int64_t step) {
-              Ack(host, job_id, step);
-            });
+            host, [this, host](const std::string& job, int64_t step) { Ack(host, job, step); });
       }
       absl::StatusOr<std::optional<int64_t>> persisted =
-          allowed.ok() ? telemetry_->Accept(summary) : allowed;
+          allowed.ok() ? telemetry_->Accept(std::move(summary)) : allowed;
       if (!persisted.ok()) {
-        Refuse(summary, persisted.status());
+        Refuse(host, job_id, persisted.status());
       } else if (*persisted) {
-        Ack(host, summary.job_id(), **persisted);
+        Ack(host, job_id, **persisted);
       }
     }
     StartRead(&in_);
@@ -64,10 +60,7 @@ class RelayReactor final
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!ok) {  // the relay is gone; its reads will end too
-      pending_.clear();
-      refusals_.clear();
-    }
+    if (!ok) next_.Clear();  // the relay is gone; its reads will end too
     WriteNextLocked();
     FinishIfIdleLocked();
   }
@@ -78,43 +71,36 @@ class RelayReactor final
   }
 
  private:
-  // Queues an acknowledgement; runs on a gRPC thread or on the one that committed a step.
+  // Queues an acknowledgement; runs on a gRPC thread or on the one that committed a step. A
+  // host acknowledged twice before the next write gets both acks (the relay keeps the newer).
   void Ack(const std::string& host, const std::string& job_id, int64_t persisted_through_step) {
     absl::MutexLock lock(&mu_);
-    int64_t& pending = pending_[{host, job_id}];
-    pending = std::max(pending, persisted_through_step);
+    v1::UploadTelemetryAck* ack = next_.add_acks();  // a cleared one, reused: no allocation
+    ack->set_host(host);
+    ack->set_job_id(job_id);
+    ack->set_persisted_through_step(persisted_through_step);
     WriteNextLocked();
   }
-  void Refuse(const v1::HostSummary& summary, const absl::Status& status) {
-    v1::UploadTelemetryAck refusal;
-    refusal.set_host(summary.host());
-    refusal.set_job_id(summary.job_id());
-    refusal.set_error_code(static_cast<int32_t>(status.code()));
-    refusal.set_error_message(std::string(status.message()));
+  void Refuse(const std::string& host, const std::string& job_id, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
-    refusals_.push_back(std::move(refusal));
+    v1::UploadTelemetryAck* refusal = next_.add_acks();
+    refusal->set_host(host);
+    refusal->set_job_id(job_id);
+    refusal->set_error_code(static_cast<int32_t>(status.code()));
+    refusal->set_error_message(std::string(status.message()));
     WriteNextLocked();
   }
 
-  // Everything due goes in one write: acks first, then refusals (a host's refusal comes
-  // after the acks of its earlier summaries).
+  // Everything due goes in one write, in the order it came due.
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || finished_ || (pending_.empty() && refusals_.empty())) return;
-    out_.Clear();
-    for (const auto& [key, step] : pending_) {
-      v1::UploadTelemetryAck* ack = out_.add_acks();
-      ack->set_host(key.first);
-      ack->set_job_id(key.second);
-      ack->set_persisted_through_step(step);
-    }
-    for (v1::UploadTelemetryAck& refusal : refusals_) *out_.add_acks() = std::move(refusal);
-    pending_.clear();
-    refusals_.clear();
+    if (writing_ || finished_ || next_.acks().empty()) return;
+    out_.Swap(&next_);
+    next_.Clear();  // keeps the written batch's messages for the next acks
     writing_ = true;
     StartWrite(&out_);
   }
   void FinishIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || writing_ || !pending_.empty() || !refusals_.empty()) return;
+    if (finished_ || !reads_done_ || writing_ || !next_.acks().empty()) return;
     finished_ = true;
     Finish(grpc::Status::OK);
   }
@@ -127,9 +113,8 @@ class RelayReactor final
   // The ack route of each host this stream relayed for (read and written by reads only).
   std::map<std::string, int64_t> routes_;
   absl::Mutex mu_;
-  v1::UploadTelemetryAckBatch out_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, int64_t> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<v1::UploadTelemetryAck> refusals_ ABSL_GUARDED_BY(mu_);
+  v1::UploadTelemetryAckBatch out_ ABSL_GUARDED_BY(mu_);   // the write in flight
+  v1::UploadTelemetryAckBatch next_ ABSL_GUARDED_BY(mu_);  // due since it started
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

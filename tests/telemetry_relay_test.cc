@@ -1,9 +1,8 @@
 // Telemetry relays over loopback (docs/scale.md, "Telemetry relays"): a real CoordinatorServer,
-// the worker's TelemetryRelay behind a Worker server as a relay host "h0" serves it, and hosts
-// "h1".."h3" uploading through it with the worker's own TelemetryUploader (h0 uploads its own
-// summaries directly, as a relay host does). The job is started on the coordinator's telemetry
-// directly; everything else goes through the RPCs. Plaintext: who may relay for whom under TLS
-// is security_test's.
+// the worker's TelemetryRelay behind a Worker server as a relay host "h0" serves it, and the
+// group's hosts "h0".."h3" uploading through it with the worker's own TelemetryUploader. The
+// job is started on the coordinator's telemetry directly; everything else goes through the
+// RPCs. Plaintext: who may relay for whom under TLS is security_test's.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -21,7 +20,7 @@ namespace meshrun::services {
 namespace {
 
 constexpr char kJob[] = "relay-1";
-const std::vector<std::string> kMembers = {"h1", "h2", "h3"};
+const std::vector<std::string> kMembers = {"h0", "h1", "h2", "h3"};  // h0 relays
 
 // A Worker server that serves RelayTelemetry through a TelemetryRelay, as WorkerServer does.
 class RelayHost {
@@ -46,6 +45,7 @@ class RelayHost {
   bool serving() const { return server_ != nullptr && port_ > 0; }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   TelemetryRelay::Figures figures() const { return relay_->figures(); }
+  void Stop() { relay_->Stop(); }
 
  private:
   struct Service : v1::Worker::CallbackService {
@@ -96,15 +96,13 @@ class TelemetryRelayTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->telemetry().StartJob(job).ok());
     relay_ = std::make_unique<RelayHost>(address_);
     ASSERT_TRUE(relay_->serving());
-    own_ = Uploader();
-    for (const std::string& host : kMembers) {
+    for (size_t m = 0; m < kMembers.size(); ++m) {
       members_.push_back(Uploader());
       members_.back()->UseRelay("h0", relay_->address());
     }
   }
   void TearDown() override {
     members_.clear();
-    own_.reset();
     relay_.reset();
     if (coordinator_ != nullptr) coordinator_->Drain(absl::Seconds(1));
   }
@@ -116,11 +114,12 @@ class TelemetryRelayTest : public ::testing::Test {
   // Every host's summary of steps [first, last]; true once all are acknowledged.
   bool SendSteps(int64_t first, int64_t last) {
     for (int64_t step = first; step <= last; ++step) {
-      own_->Enqueue(Loss("h0", step));
       for (size_t m = 0; m < members_.size(); ++m) members_[m]->Enqueue(Loss(kMembers[m], step));
     }
-    bool acknowledged = own_->Flush(kJob, absl::Seconds(20));
-    for (auto& member : members_) acknowledged = member->Flush(kJob, absl::Seconds(20)) && acknowledged;
+    bool acknowledged = true;
+    for (auto& member : members_) {
+      acknowledged = member->Flush(kJob, absl::Seconds(20)) && acknowledged;
+    }
     return acknowledged;
   }
   // Steps 1.. in the history: each must be whole (every host's summary, none partial).
@@ -140,15 +139,14 @@ class TelemetryRelayTest : public ::testing::Test {
   std::unique_ptr<CoordinatorServer> coordinator_;
   std::string address_;
   std::unique_ptr<RelayHost> relay_;
-  std::unique_ptr<TelemetryUploader> own_;  // h0's own summaries
-  std::vector<std::unique_ptr<TelemetryUploader>> members_;
+  std::vector<std::unique_ptr<TelemetryUploader>> members_;  // kMembers' uploaders
 };
 
 TEST_F(TelemetryRelayTest, MembersSummariesTravelInBatchesAndAreAcknowledgedAfterTheCommit) {
   ASSERT_TRUE(SendSteps(1, 30)) << "summaries not acknowledged";
   ExpectWholeSteps(30);
   const TelemetryRelay::Figures figures = relay_->figures();
-  EXPECT_EQ(figures.summaries, 90);  // each member summary once: none went around the relay
+  EXPECT_EQ(figures.summaries, 120);  // each summary once: none went around the relay
   EXPECT_GE(figures.batches, 1);
   EXPECT_LE(figures.batches, figures.summaries);
   for (auto& member : members_) EXPECT_EQ(member->dropped(), 0);
@@ -156,7 +154,7 @@ TEST_F(TelemetryRelayTest, MembersSummariesTravelInBatchesAndAreAcknowledgedAfte
 
 TEST_F(TelemetryRelayTest, MembersUploadThemselvesOnceTheRelayIsGone) {
   ASSERT_TRUE(SendSteps(1, 10));
-  EXPECT_EQ(relay_->figures().summaries, 30);
+  EXPECT_EQ(relay_->figures().summaries, 40);
   relay_->Kill();
   // Nothing acknowledged is lost, and the rest of the job reaches the coordinator directly.
   ASSERT_TRUE(SendSteps(11, 20)) << "members did not fall back to the coordinator";
@@ -164,21 +162,27 @@ TEST_F(TelemetryRelayTest, MembersUploadThemselvesOnceTheRelayIsGone) {
   for (auto& member : members_) EXPECT_EQ(member->dropped(), 0);
 }
 
+TEST_F(TelemetryRelayTest, ADrainingRelaySendsItsMembersToTheCoordinator) {
+  ASSERT_TRUE(SendSteps(1, 5));
+  relay_->Stop();  // what a relay host's drain does before its server stops
+  ASSERT_TRUE(SendSteps(6, 10)) << "members did not fall back to the coordinator";
+  ExpectWholeSteps(10);
+  EXPECT_EQ(relay_->figures().summaries, 20);  // steps 6..10 went around the relay
+}
+
 TEST_F(TelemetryRelayTest, ARefusalEndsOnlyThatHostsStream) {
   // h1's summary names a series the job does not declare: the coordinator refuses it, and the
   // relay ends h1's stream with that refusal; h1 drops that summary and uploads on.
-  members_[0]->Enqueue(Loss("h1", 1, "bogus"));
+  TelemetryUploader& h1 = *members_[1];
+  h1.Enqueue(Loss("h1", 1, "bogus"));
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (members_[0]->dropped() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_EQ(members_[0]->dropped(), 1) << "the refusal did not reach h1";
+  while (h1.dropped() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(h1.dropped(), 1) << "the refusal did not reach h1";
   ASSERT_TRUE(SendSteps(1, 5));
   ExpectWholeSteps(5);
-  EXPECT_EQ(members_[1]->dropped(), 0);
-  EXPECT_EQ(members_[2]->dropped(), 0);
+  for (size_t m : {0, 2, 3}) EXPECT_EQ(members_[m]->dropped(), 0) << kMembers[m];
   // Every summary went through the relay: a refusal is no reason to go around it.
-  EXPECT_EQ(relay_->figures().summaries, 1 + 15);
+  EXPECT_EQ(relay_->figures().summaries, 1 + 20);
 }
 
 }  // namespace

@@ -121,54 +121,34 @@ class TelemetryRelay::Member final
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-// The relay's RelayTelemetry stream to the coordinator; deletes itself once it ended.
-class TelemetryRelay::Upstream final
-    : public grpc::ClientBidiReactor<v1::HostSummaryBatch, v1::UploadTelemetryAckBatch> {
- public:
-  Upstream(TelemetryRelay* relay, v1::Coordinator::Stub& stub) : relay_(relay) {
-    stub.async()->RelayTelemetry(&context_, this);
-    StartRead(&acks_);
-    StartCall();
-  }
-  // Writes `batch` (taken); one write at a time, as the relay calls it.
-  void Write(v1::HostSummaryBatch* batch) {
-    batch_.Swap(batch);
-    StartWrite(&batch_);
-  }
-  void Cancel() { context_.TryCancel(); }
-
-  void OnWriteDone(bool ok) override { relay_->Written(ok); }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the stream's status
-    relay_->Dispatch(acks_);
-    StartRead(&acks_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    relay_->UpstreamEnded(this, status);
-    delete this;
-  }
-
- private:
-  TelemetryRelay* const relay_;
-  grpc::ClientContext context_;
-  v1::HostSummaryBatch batch_;  // the write in flight
-  v1::UploadTelemetryAckBatch acks_;
-};
-
 TelemetryRelay::TelemetryRelay(Config config)
-    : config_(std::move(config)), stub_(v1::Coordinator::NewStub(config_.coordinator)) {}
+    : config_(std::move(config)), stub_(v1::Coordinator::NewStub(config_.coordinator)) {
+  forwarder_ = std::thread([this] { ForwardLoop(); });
+}
 
-TelemetryRelay::~TelemetryRelay() {
+void TelemetryRelay::Stop() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
-  if (upstream_ != nullptr) upstream_->Cancel();
-  // A server's Shutdown may return before its reactors' OnDone ran: theirs call Unregister.
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return upstream_ == nullptr && live_members_ == 0;
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(10))) {
-    spdlog::error("the telemetry relay's streams did not end within 10s");
+  if (upstream_ != nullptr) upstream_->TryCancel();
+  const absl::Status stopping =
+      absl::UnavailableError("the telemetry relay is stopping; upload to the coordinator");
+  for (auto& [host, member] : members_) member->End(stopping);
+  for (Member* member : paused_) member->End(stopping);
+  members_.clear();
+  paused_.clear();
+}
+
+TelemetryRelay::~TelemetryRelay() {
+  Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    // A server's Shutdown may return before its reactors' OnDone ran: theirs call Unregister.
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_members_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(10))) {
+      spdlog::error("the telemetry relay's member streams did not end within 10s");
+    }
   }
+  forwarder_.join();
 }
 
 grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* TelemetryRelay::Serve(
@@ -191,21 +171,10 @@ bool TelemetryRelay::Forward(Member* member, const v1::HostSummary& summary) {
     return false;
   }
   members_[summary.host()] = member;
-  if (upstream_ == nullptr) upstream_ = new Upstream(this, *stub_);
   *queued_.add_summaries() = summary;
-  WriteNextLocked();
   if (static_cast<size_t>(queued_.summaries_size()) < config_.capacity) return true;
   paused_.push_back(member);
   return false;
-}
-
-void TelemetryRelay::WriteNextLocked() {
-  if (writing_ || upstream_ == nullptr || queued_.summaries().empty()) return;
-  writing_ = true;
-  ++figures_.batches;
-  figures_.summaries += queued_.summaries_size();
-  upstream_->Write(&queued_);
-  queued_.Clear();  // holds the batch written before this one
 }
 
 void TelemetryRelay::Unregister(Member* member) {
@@ -217,14 +186,81 @@ void TelemetryRelay::Unregister(Member* member) {
   paused_.erase(std::remove(paused_.begin(), paused_.end(), member), paused_.end());
 }
 
-void TelemetryRelay::Written(bool ok) {
+// The coordinator stream runs on the relay's own threads with gRPC's blocking API, so the
+// stream and its channel are released here, never on one of gRPC's callback threads.
+void TelemetryRelay::ForwardLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queued_.summaries().empty();
+      };
+      mu_.Await(absl::Condition(&due));
+      if (stopping_) return;
+    }
+    const grpc::Status status = RunUpstream();
+    absl::MutexLock lock(&mu_);
+    queued_.Clear();  // unacknowledged: the members resend it
+    if (!stopping_) {
+      spdlog::warn("telemetry relay: the stream to the coordinator ended ({}); its {} member "
+                   "streams end, and their hosts upload to the coordinator",
+                   status.error_message(), members_.size());
+    }
+    const absl::Status lost = absl::UnavailableError(absl::StrCat(
+        "the telemetry relay lost its stream to the coordinator (", status.error_message(),
+        "); upload to the coordinator"));
+    for (auto& [host, member] : members_) member->End(lost);
+    for (Member* member : paused_) member->End(lost);  // paused, yet replaced by a newer stream
+    members_.clear();
+    paused_.clear();
+  }
+}
+
+grpc::Status TelemetryRelay::RunUpstream() {
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "the relay is stopping");
+    upstream_ = &context;
+  }
+  std::unique_ptr<grpc::ClientReaderWriter<v1::HostSummaryBatch, v1::UploadTelemetryAckBatch>>
+      stream = stub_->RelayTelemetry(&context);
+  bool reads_ended = false;  // guarded by mu_
+  std::thread reader([&] {
+    v1::UploadTelemetryAckBatch acks;
+    while (stream->Read(&acks)) Dispatch(acks);
+    absl::MutexLock lock(&mu_);
+    reads_ended = true;  // wakes the writer below
+  });
+  v1::HostSummaryBatch batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto due = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || reads_ended || !queued_.summaries().empty();
+      };
+      mu_.Await(absl::Condition(&due));
+      if (stopping_ || reads_ended) break;
+      batch.Swap(&queued_);
+      queued_.Clear();  // keeps the last batch's messages for the next summaries
+      ++figures_.batches;
+      figures_.summaries += batch.summaries_size();
+      // The queue has room again: paused members read on.
+      for (Member* member : paused_) member->Resume();
+      paused_.clear();
+    }
+    if (!stream->Write(batch)) break;
+  }
+  stream->WritesDone();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) context.TryCancel();
+  }
+  reader.join();
+  const grpc::Status status = stream->Finish();
   absl::MutexLock lock(&mu_);
-  writing_ = false;
-  if (!ok) return;  // the stream ended: UpstreamEnded follows
-  WriteNextLocked();
-  if (static_cast<size_t>(queued_.summaries_size()) >= config_.capacity) return;
-  for (Member* member : paused_) member->Resume();
-  paused_.clear();
+  upstream_ = nullptr;
+  return status;
 }
 
 void TelemetryRelay::Dispatch(const v1::UploadTelemetryAckBatch& acks) {
@@ -240,26 +276,6 @@ void TelemetryRelay::Dispatch(const v1::UploadTelemetryAckBatch& acks) {
                                  ack.error_message()));
     members_.erase(it);
   }
-}
-
-void TelemetryRelay::UpstreamEnded(Upstream* upstream, const grpc::Status& status) {
-  absl::MutexLock lock(&mu_);
-  if (upstream_ != upstream) return;
-  upstream_ = nullptr;
-  writing_ = false;
-  queued_.Clear();  // unacknowledged: the members resend it
-  if (!stopping_) {
-    spdlog::warn("telemetry relay: the stream to the coordinator ended ({}); its {} member "
-                 "streams end, and their hosts upload to the coordinator",
-                 status.error_message(), members_.size());
-  }
-  const absl::Status lost = absl::UnavailableError(absl::StrCat(
-      "the telemetry relay lost its stream to the coordinator (", status.error_message(),
-      "); upload to the coordinator"));
-  for (auto& [host, member] : members_) member->End(lost);
-  for (Member* member : paused_) member->End(lost);  // paused, yet replaced by a newer stream
-  members_.clear();
-  paused_.clear();
 }
 
 }  // namespace meshrun::services

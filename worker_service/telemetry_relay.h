@@ -1,7 +1,8 @@
-// A telemetry relay (docs/scale.md, "Telemetry relays"): the other hosts of its group upload
-// their summaries here (Worker.RelayTelemetry) as they would to the coordinator, and it forwards
-// them on one Coordinator.RelayTelemetry stream in batches: whatever arrived while the last
-// write was in flight goes in the next, so a step's summaries travel together with no timer.
+// A telemetry relay (docs/scale.md, "Telemetry relays"): the hosts of its group, its own host
+// included, upload their summaries here (Worker.RelayTelemetry) as they would to the
+// coordinator, and it forwards them on one Coordinator.RelayTelemetry stream in batches:
+// whatever arrived while the last write was in flight goes in the next, so a step's summaries
+// travel together with no timer.
 // At a thousand hosts this turns the coordinator's message per host summary into one per group.
 //
 // It stores nothing. Each member's acks are the coordinator's, sent after its commit and routed
@@ -11,8 +12,9 @@
 // what is unacknowledged); the next member stream opens a new one. Past `capacity` queued
 // summaries, members' reads pause until a write drains them.
 //
-// Lifetime: the owner's server must be shut down before the relay is destroyed; the destructor
-// cancels the coordinator stream and waits (bounded) for its end and every member stream's.
+// Lifetime: starts its forwarder thread on construction. The owner's server must be shut down
+// before the relay is destroyed; the destructor waits (bounded) for every member stream's end,
+// cancels the coordinator stream and joins the thread.
 // Thread-safety: Serve may be called from any gRPC thread; figures() from any thread.
 #pragma once
 
@@ -22,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -50,32 +53,38 @@ class TelemetryRelay {
   grpc::ServerBidiReactor<v1::HostSummary, v1::UploadTelemetryAck>* Serve(
       grpc::CallbackServerContext* context);
 
+  // Ends every member stream with UNAVAILABLE (its host then uploads to the coordinator), and
+  // each one opened after at its first summary; the coordinator stream ends. For a worker's
+  // drain: member streams last as long as their jobs. Idempotent.
+  void Stop();
+
   Figures figures() const;
 
  private:
   class Member;
-  class Upstream;
-  // Queues a member's summary for the coordinator, opening the stream when none is open.
-  // Returns false when the queue is full: the member reads on once Resume is called.
+  // Queues a member's summary for the coordinator. Returns false when the queue is full: the
+  // member reads on once Resume is called.
   bool Forward(Member* member, const v1::HostSummary& summary);
   void Unregister(Member* member);
-  // The coordinator stream's callbacks.
-  void Written(bool ok);
+  // The forwarder thread: opens the coordinator stream when summaries are queued and, when it
+  // ends, ends every member's stream.
+  void ForwardLoop();
+  // One coordinator stream: writes what is queued, a batch at a time, until it breaks or the
+  // relay stops; acks are read on a thread of its own (Dispatch).
+  grpc::Status RunUpstream();
   void Dispatch(const v1::UploadTelemetryAckBatch& acks);
-  void UpstreamEnded(Upstream* upstream, const grpc::Status& status);
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Config config_;
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
   mutable absl::Mutex mu_;
-  Upstream* upstream_ ABSL_GUARDED_BY(mu_) = nullptr;  // deletes itself once it ended
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* upstream_ ABSL_GUARDED_BY(mu_) = nullptr;  // to cancel on stop
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   v1::HostSummaryBatch queued_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Member*> members_ ABSL_GUARDED_BY(mu_);  // by host: its newest stream
   std::vector<Member*> paused_ ABSL_GUARDED_BY(mu_);
   int64_t live_members_ ABSL_GUARDED_BY(mu_) = 0;  // served, not yet done
   Figures figures_ ABSL_GUARDED_BY(mu_);
+  std::thread forwarder_;
 };
 
 }  // namespace meshrun::services

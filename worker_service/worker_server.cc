@@ -364,6 +364,9 @@ void WorkerServer::Drain(absl::Duration deadline) {
     if (!status.ok()) spdlog::warn("deregistration failed: {}", status.error_message());
     registered_ = false;
   }
+  // Member streams last as long as their jobs: ended now, their hosts upload to the
+  // coordinator, and the server's drain does not wait for them.
+  relay_->Stop();
   DrainServer(*server_, DrainLeft());
   slow_calls_.JoinAll();  // they finish their calls, then the server may go
 }
