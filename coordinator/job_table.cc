@@ -214,6 +214,16 @@ absl::StatusOr<std::map<std::string, std::string>> JobTable::HostIncarnations(
                                             it->second.host_incarnations().end());
 }
 
+absl::StatusOr<std::optional<std::string>> JobTable::HostIncarnation(
+    const std::string& job_id, const std::string& host) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  auto member = it->second.host_incarnations().find(host);
+  if (member == it->second.host_incarnations().end()) return std::nullopt;
+  return member->second;
+}
+
 absl::StatusOr<std::string> JobTable::TelemetryRelayOf(const std::string& job_id,
                                                        const std::string& host) const {
   absl::MutexLock lock(&mu_);

@@ -99,10 +99,14 @@ class JobTable {
   // Errors: NOT_FOUND.
   absl::StatusOr<v1::JobManifest> Get(const std::string& job_id) const;
   std::vector<v1::JobManifest> List() const;
-  // security: the job's host -> incarnation map, without copying the manifest (asked on every
-  // telemetry upload). Errors: NOT_FOUND.
+  // security: the job's host -> incarnation map, without copying the manifest (a refusal names
+  // the members). Errors: NOT_FOUND.
   absl::StatusOr<std::map<std::string, std::string>> HostIncarnations(
       const std::string& job_id) const;
+  // security: `host`'s incarnation in the job, nullopt when it is not a member, without copying
+  // the host map (asked for every telemetry summary under TLS). Errors: NOT_FOUND (unknown job).
+  absl::StatusOr<std::optional<std::string>> HostIncarnation(const std::string& job_id,
+                                                             const std::string& host) const;
   // scale: the host that relays `host`'s telemetry in the job (JobManifest.telemetry_relays);
   // empty when none does. Errors: NOT_FOUND (unknown job).
   absl::StatusOr<std::string> TelemetryRelayOf(const std::string& job_id,

@@ -51,6 +51,26 @@ TEST(JobTableTest, EveryMoveOfTheStateMachine) {
   }
 }
 
+// What the telemetry checks ask for every summary: one host's entries, not the job's maps.
+TEST(JobTableTest, OneHostsIncarnationAndRelay) {
+  FakeClock clock;
+  auto table = NewTable(&clock);
+  const std::string id = table->Add(v1::JobSpec());
+  ASSERT_TRUE(table
+                  ->Update(id, [](v1::JobManifest& m) {
+                    (*m.mutable_host_incarnations())["h0"] = "i0";
+                    (*m.mutable_host_incarnations())["h1"] = "i1";
+                    (*m.mutable_telemetry_relays())["h1"] = "h0";
+                  })
+                  .ok());
+  EXPECT_EQ(table->HostIncarnation(id, "h1").value(), "i1");
+  EXPECT_EQ(table->HostIncarnation(id, "h9").value(), std::nullopt);  // not a member
+  EXPECT_EQ(table->TelemetryRelayOf(id, "h1").value(), "h0");
+  EXPECT_EQ(table->TelemetryRelayOf(id, "h0").value(), "");  // uploads its own
+  EXPECT_TRUE(absl::IsNotFound(table->HostIncarnation("job-999", "h1").status()));
+  EXPECT_TRUE(absl::IsNotFound(table->TelemetryRelayOf("job-999", "h1").status()));
+}
+
 TEST(JobTableTest, FailureNamesHostAndErrorAndStampsTime) {
   FakeClock clock;
   auto table = NewTable(&clock);

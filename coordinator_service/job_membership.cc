@@ -75,26 +75,30 @@ absl::Status JobMembership::CheckKey(const std::optional<Identity>& caller,
 absl::Status JobMembership::Check(const Identity& worker, const std::string& job_id,
                                   const std::string& incarnation, bool unknown_job_passes,
                                   const std::string& what) const {
-  absl::StatusOr<std::map<std::string, std::string>> members = jobs_->HostIncarnations(job_id);
-  if (!members.ok()) {
-    if (unknown_job_passes && absl::IsNotFound(members.status())) return absl::OkStatus();
-    return Refuse(worker, what, std::string(members.status().message()));
+  // One host's entry per call (every telemetry summary under TLS); the whole map only to name
+  // the members in a refusal.
+  absl::StatusOr<std::optional<std::string>> member = jobs_->HostIncarnation(job_id, worker.name);
+  if (!member.ok()) {
+    if (unknown_job_passes && absl::IsNotFound(member.status())) return absl::OkStatus();
+    return Refuse(worker, what, std::string(member.status().message()));
   }
-  auto member = members->find(worker.name);
-  if (member == members->end()) {
+  if (!member->has_value()) {
     std::vector<std::string> hosts;
-    for (const auto& [host, unused] : *members) hosts.push_back(host);
+    if (auto members = jobs_->HostIncarnations(job_id); members.ok()) {
+      for (const auto& [host, unused] : *members) hosts.push_back(host);
+    }
     return Refuse(worker, what,
                   absl::StrCat("it is not a member of job ", job_id, " (members: ",
                                hosts.empty() ? "none yet" : absl::StrJoin(hosts, ", "), ")"));
   }
-  if (!incarnation.empty() && incarnation != member->second) {
+  const std::string& job_incarnation = **member;
+  if (!incarnation.empty() && incarnation != job_incarnation) {
     return Refuse(worker, what,
                   absl::StrCat("incarnation ", incarnation, " is not the one job ", job_id,
-                               " runs on (", member->second, ")"));
+                               " runs on (", job_incarnation, ")"));
   }
   // NOT_FOUND: the host has not registered since a coordinator restart; it still is the job's.
-  if (absl::Status current = registry_->CheckCurrent(worker.name, member->second);
+  if (absl::Status current = registry_->CheckCurrent(worker.name, job_incarnation);
       !current.ok() && !absl::IsNotFound(current)) {
     return Refuse(worker, what,
                   absl::StrCat("the incarnation job ", job_id, " runs on is no longer current (",
