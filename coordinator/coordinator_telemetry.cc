@@ -45,17 +45,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
           {.grace = config.grace,
            .sink = [self, on_nonfinite = std::move(config.on_nonfinite)](
                        v1::GlobalSummary summary) {
-             // Committed first, so a watcher never sees a step that a restart would lose.
-             // The host summaries are set apart for it and put back, never copied.
+             // Committed first, so a watcher never sees a step that a restart of the
+             // coordinator would lose; the commit's fsync waits for the acknowledgements
+             // (docs/scale.md "Durable after publishing"). The host summaries are set apart
+             // for it and put back, never copied.
              google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
              hosts.Swap(summary.mutable_host_detail());
-             const absl::Status appended = self->history_->Append(summary, hosts);
-             summary.mutable_host_detail()->Swap(&hosts);
+             const absl::Status appended = self->history_->Append(
+                 summary, hosts, telemetry::HistoryStore::Durability::kDeferred);
              if (!appended.ok()) {
                spdlog::error("telemetry history: {}", appended.ToString());
                return;
              }
-             self->AckCommitted(summary);
+             std::vector<std::string> acked;
+             acked.reserve(hosts.size());
+             for (const v1::HostSummary& host : hosts) acked.push_back(host.host());
+             summary.mutable_host_detail()->Swap(&hosts);
+             self->synced_acks_->Run(
+                 [self, job_id = summary.job_id(), step = summary.step(),
+                  acked = std::move(acked)] { self->AckCommitted(job_id, step, acked); });
              self->step_times_.Add(summary);
              if (on_nonfinite) self->NoteNonFinite(summary, on_nonfinite);
              if (absl::Status s = self->hub_->Publish(std::move(summary)); !s.ok()) {
@@ -66,6 +74,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
                spdlog::warn("telemetry history: {}", s.ToString());
              }
            }}));
+  // The acknowledgements of committed steps, once the history synced them.
+  t->synced_acks_ =
+      std::make_unique<AfterSync>([history = t->history_.get()] { return history->Sync(); });
   RETURN_IF_ERROR(t->Resume());
   t->poller_ = std::thread([self] { self->PollLoop(); });
   return t;
@@ -74,6 +85,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
 CoordinatorTelemetry::~CoordinatorTelemetry() {
   stop_.Notify();
   if (poller_.joinable()) poller_.join();
+  synced_acks_.reset();  // its last acknowledgements use the routes and the history
 }
 
 void CoordinatorTelemetry::PollLoop() {
@@ -291,12 +303,11 @@ void CoordinatorTelemetry::UnrouteAcks(const std::string& host, int64_t route) {
   }
 }
 
-void CoordinatorTelemetry::AckCommitted(const v1::GlobalSummary& summary) {
+void CoordinatorTelemetry::AckCommitted(const std::string& job_id, int64_t step,
+                                        const std::vector<std::string>& hosts) {
   absl::MutexLock l(&routes_mu_);
-  for (const v1::HostSummary& host : summary.host_detail()) {
-    if (auto it = routes_.find(host.host()); it != routes_.end()) {
-      it->second.ack(summary.job_id(), summary.step());
-    }
+  for (const std::string& host : hosts) {
+    if (auto it = routes_.find(host); it != routes_.end()) it->second.ack(job_id, step);
   }
 }
 
@@ -310,6 +321,7 @@ absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(v1::HostSumm
     if (run != run_.end() && summary.attempt() < run->second) {
       // An earlier run's, sent before the worker heard of the restart: acknowledged (resending
       // it is useless) but not stored; the ack covers no step of the new run.
+      RETURN_IF_ERROR(history_->Sync());  // what the ack covers is on disk
       return history_->PersistedThroughStep(summary.job_id(), summary.host());
     }
   }
@@ -338,8 +350,9 @@ absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(v1::HostSumm
     case telemetry::StepCombiner::AddOutcome::kDuplicate:
       break;
   }
-  // Resending is useless: what the host has committed so far. A copy of a step still pending
-  // is acknowledged with the step.
+  // Resending is useless: what the host has committed so far, once it is on disk. A copy of a
+  // step still pending is acknowledged with the step.
+  RETURN_IF_ERROR(history_->Sync());
   return history_->PersistedThroughStep(job_id, host);
 }
 

@@ -1,9 +1,11 @@
 // The coordinator's telemetry path: host summaries are validated and combined per step
 // (telemetry/step_combiner), persisted (telemetry/history_store, SQLite) and fanned out to
-// watchers (telemetry/watch_hub). A host summary is acknowledged only once it is committed:
+// watchers (telemetry/watch_hub). A host summary is acknowledged only once it is on disk:
 // a step's host summaries are kept in memory until the step is combined, then committed with
-// its global summary in one transaction, and acknowledged through each host's ack route
-// (RouteAcks). A summary that misses its step's grace (late) is committed on its own.
+// its global summary in one transaction and published; the commit's fsync runs after that on
+// a thread of its own (common/after_sync.h, one fsync for the steps committed meanwhile),
+// which then acknowledges them through each host's ack route (RouteAcks). A summary that misses
+// its step's grace (late) is committed and synced on its own.
 //
 // Restart: StartJob records the job as collecting in the history (hosts, replica counts,
 // declarations); EndJob clears it. A coordinator created on the same database resumes every job
@@ -14,7 +16,8 @@
 // (HostEnded), since the restarted coordinator's job table no longer knows it.
 //
 // Lifetime: Create() starts a timer thread for grace deadlines (it sleeps until the next one,
-// at most a second); the destructor stops it.
+// at most a second) and the acknowledgements' thread; the destructor stops both, after a last
+// sync and the acknowledgements it covers.
 // Thread-safety: all methods are safe to call concurrently.
 #pragma once
 
@@ -31,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/after_sync.h"
 #include "coordinator/straggler_detector.h"
 #include "coordinator/goodput.h"
 #include "meshrun/v1/job.pb.h"
@@ -106,8 +110,9 @@ class CoordinatorTelemetry {
   // that step are committed.
   using AckFn = std::function<void(const std::string& job_id, int64_t persisted_through_step)>;
   // Sends `host`'s acknowledgements of summaries Accept kept pending to `ack` (replacing an
-  // earlier route of the host: its newest stream). `ack` runs on the thread that committed the
-  // step, with this object's route lock held: it must not call RouteAcks or UnrouteAcks.
+  // earlier route of the host: its newest stream). `ack` runs on the acknowledgements' thread
+  // once the step's commit is synced, with this object's route lock held: it must not call
+  // RouteAcks or UnrouteAcks.
   // Returns the route's id.
   int64_t RouteAcks(const std::string& host, AckFn ack);
   // Removes the route (no-op when a newer one replaced it); once this returns, its `ack` is
@@ -150,8 +155,9 @@ class CoordinatorTelemetry {
   // Resumes the jobs the history says were collecting (see "Restart").
   absl::Status Resume();
   absl::Status ResumeJob(const std::string& job_id, const std::string& setup);
-  // Acknowledges a committed step to each host it combined (RouteAcks).
-  void AckCommitted(const v1::GlobalSummary& summary);
+  // Acknowledges a committed, synced step to each of `hosts` it combined (RouteAcks).
+  void AckCommitted(const std::string& job_id, int64_t step,
+                    const std::vector<std::string>& hosts);
 
   std::function<absl::Status(const std::string&, const std::string&)> admit_;
   std::unique_ptr<telemetry::HistoryStore> history_;
@@ -173,6 +179,7 @@ class CoordinatorTelemetry {
   absl::Mutex routes_mu_;
   std::map<std::string, AckRoute> routes_ ABSL_GUARDED_BY(routes_mu_);  // by host
   int64_t next_route_ ABSL_GUARDED_BY(routes_mu_) = 0;
+  std::unique_ptr<AfterSync> synced_acks_;  // AckCommitted, after the history's Sync
   absl::Duration max_poll_wait_;  // the poller's longest sleep: min(grace, 1 s)
   absl::Notification stop_;
   std::thread poller_;

@@ -1,15 +1,21 @@
 #include "telemetry/history_store.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/file_sync.h"
 #include "common/status_macros.h"
 #include "telemetry/history_sqlite.h"
 
@@ -110,6 +116,10 @@ absl::StatusOr<std::unique_ptr<HistoryStore>> HistoryStore::Create(Config config
 }
 
 HistoryStore::~HistoryStore() {
+  {
+    absl::MutexLock sync(&sync_mu_);
+    if (wal_fd_ >= 0) ::close(wal_fd_);
+  }
   absl::MutexLock l(&mu_);
   for (auto& [sql, cached] : statements_) sqlite3_finalize(cached.stmt);
   if (db_ != nullptr) sqlite3_close_v2(db_);
@@ -182,15 +192,11 @@ absl::Status HistoryStore::Open() {
 }
 
 absl::Status HistoryStore::TransactionLocked(absl::FunctionRef<absl::Status()> body) {
-  auto run = [&](const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_, sql));
-    return stmt.Run();
-  };
-  RETURN_IF_ERROR(run("BEGIN IMMEDIATE"));
+  RETURN_IF_ERROR(RunCachedLocked("BEGIN IMMEDIATE"));
   absl::Status status = body();
-  if (status.ok()) status = run("COMMIT");
+  if (status.ok()) status = RunCachedLocked("COMMIT");
   if (!status.ok() && !sqlite3_get_autocommit(db_)) {
-    (void)run("ROLLBACK");
+    (void)RunCachedLocked("ROLLBACK");
   }
   return status;
 }
@@ -304,7 +310,7 @@ absl::Status HistoryStore::Append(const v1::GlobalSummary& summary) {
 
 absl::Status HistoryStore::Append(
     const v1::GlobalSummary& summary,
-    const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts) {
+    const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts, Durability durability) {
   if (summary.job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
   if (summary.step() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("step ", summary.step(), " of job ",
@@ -315,6 +321,58 @@ absl::Status HistoryStore::Append(
   }
   const std::string blob = summary.SerializeAsString();
   absl::MutexLock l(&mu_);
+  const bool deferred = durability == Durability::kDeferred && config_.synchronous_full;
+  // synchronous is the connection's: NORMAL for this one commit (it writes the log without
+  // fsyncing it), FULL again for every other.
+  if (deferred) RETURN_IF_ERROR(RunCachedLocked("PRAGMA synchronous=NORMAL"));
+  absl::Status committed = AppendLocked(summary, blob, hosts);
+  if (deferred) {
+    if (committed.ok()) ++deferred_commits_;
+    if (absl::Status full = RunCachedLocked("PRAGMA synchronous=FULL"); !full.ok()) return full;
+  }
+  return committed;
+}
+
+absl::Status HistoryStore::RunCachedLocked(const char* sql) {
+  ASSIGN_OR_RETURN(Stmt stmt, Stmt::Cached(db_, statements_, sql));
+  return stmt.Run();
+}
+
+absl::Status HistoryStore::Sync() {
+  if (!config_.synchronous_full) return absl::OkStatus();
+  const auto deferred = [this]() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return deferred_commits_;
+  };
+  absl::MutexLock sync(&sync_mu_);
+  // A caller that waited here for the sync before it usually finds its commits covered.
+  if (synced_commits_ >= deferred()) return absl::OkStatus();
+  const int64_t covered = deferred();  // every one committed by now: their frames are written
+  if (wal_fd_ < 0) {
+    const std::string wal = config_.path + "-wal";
+    wal_fd_ = ::open(wal.c_str(), O_RDONLY | O_CLOEXEC);
+    if (wal_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("telemetry history: cannot open ", wal,
+                                              " to sync it: ", std::strerror(errno)));
+    }
+    // A log that no synced commit wrote yet may be new: its name must survive too.
+    const std::string dir = std::filesystem::path(config_.path).parent_path().string();
+    if (const int e = FsyncDirectory(dir.empty() ? "." : dir); e != 0) {
+      return absl::InternalError(absl::StrCat("telemetry history: cannot sync directory ", dir,
+                                              ": ", std::strerror(e)));
+    }
+  }
+  if (::fdatasync(wal_fd_) != 0) {
+    return absl::InternalError(absl::StrCat("telemetry history: cannot sync ", config_.path,
+                                            "-wal: ", std::strerror(errno)));
+  }
+  synced_commits_ = covered;
+  return absl::OkStatus();
+}
+
+absl::Status HistoryStore::AppendLocked(
+    const v1::GlobalSummary& summary, const std::string& blob,
+    const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts) {
   return TransactionLocked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     RETURN_IF_ERROR(EnsureJobLocked(summary.job_id()));
     {

@@ -5,12 +5,13 @@
 // (forgetting a job) and history_sqlite.h.
 //
 // Durability: a call that returns OK has committed its transaction. With the default
-// `synchronous_full` the commit is fsynced (survives power loss); with it off
-// (synchronous=NORMAL) a commit survives the process being killed (kill -9) but not the
-// machine losing power. An acknowledgement (UploadTelemetryAck) must only be sent after the
-// host summary was committed: by the Append of the global summary holding it in host_detail,
-// or by AppendHost (a late one); a summary must only be published (WatchHub::Publish) after
-// Append returned OK — the hub's backfill/live seam relies on it.
+// `synchronous_full` the commit is fsynced (survives power loss), except an Append asked for
+// Durability::kDeferred, whose fsync waits for Sync(); with it off (synchronous=NORMAL) a
+// commit survives the process being killed (kill -9) but not the machine losing power.
+// An acknowledgement (UploadTelemetryAck) must only be sent after the host summary was
+// committed and synced: by the Append of the global summary holding it in host_detail (then
+// Sync() when deferred), or by AppendHost (a late one); a summary must only be published
+// (WatchHub::Publish) after Append returned OK — the hub's backfill/live seam relies on it.
 //
 // Schema (user_version 2; a version-1 file is converted when opened):
 //   jobs(job_id, created_micros, latest_step)               one row per job with history
@@ -148,11 +149,26 @@ class HistoryStore {
   // replaces it (idempotent for the same summary).
   // Errors: INVALID_ARGUMENT (empty job_id, step < 1).
   absl::Status Append(const v1::GlobalSummary& summary);
+  // How an Append reaches the disk (with synchronous_full; without it both are kDeferred).
+  enum class Durability {
+    kSynced,    // fsynced before Append returns
+    // Committed (visible to reads, survives kill -9) and fsynced by the next Sync() or synced
+    // commit: a watcher may see the step at once, while its acknowledgements wait for Sync.
+    kDeferred,
+  };
   // The same with the host summaries apart (host order), so that a caller holding the summary
   // by value copies none of them (StepCombiner's sink); `global` must have no host_detail.
   // Errors: as above; INVALID_ARGUMENT when `global` has host_detail.
   absl::Status Append(const v1::GlobalSummary& global,
-                      const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts);
+                      const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts,
+                      Durability durability = Durability::kSynced);
+
+  // Makes every commit so far survive power loss: fdatasyncs the write-ahead log when a
+  // kDeferred commit came after the last sync (a no-op otherwise, and without
+  // synchronous_full). Blocks for the disk without the store's lock, so commits go on
+  // meanwhile; concurrent callers share one fdatasync. Errors: INTERNAL (the log cannot be
+  // opened or synced; errno named).
+  absl::Status Sync();
 
   // Commits one host summary (ignored when that job/step/host is already stored) and returns
   // the host's persisted_through_step: the highest step of that host committed for the job.
@@ -269,6 +285,12 @@ class HistoryStore {
   // Commits `batch` in one transaction and sets each entry's `persisted` (not `done`).
   void CommitHostsLocked(const std::vector<HostAppend*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Append's transaction; `blob` is the serialized global summary.
+  absl::Status AppendLocked(const v1::GlobalSummary& summary, const std::string& blob,
+                            const google::protobuf::RepeatedPtrField<v1::HostSummary>& hosts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs one statement without parameters, prepared once.
+  absl::Status RunCachedLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` in one transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
   absl::Status TransactionLocked(absl::FunctionRef<absl::Status()> body)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -280,6 +302,11 @@ class HistoryStore {
   // Statements prepared once per SQL text and reused: parsing costs more than running the
   // small statements of each append.
   history_internal::StatementCache statements_ ABSL_GUARDED_BY(mu_);
+  int64_t deferred_commits_ ABSL_GUARDED_BY(mu_) = 0;  // kDeferred commits so far
+  // Sync's: one fdatasync at a time, covering the deferred commits counted before it began.
+  absl::Mutex sync_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  int64_t synced_commits_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  int wal_fd_ ABSL_GUARDED_BY(sync_mu_) = -1;  // the write-ahead log, opened by the first Sync
   // AppendHost's queue: taken before mu_, by a leader only while no commit is under way.
   absl::Mutex appends_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<HostAppend*> appends_ ABSL_GUARDED_BY(appends_mu_);

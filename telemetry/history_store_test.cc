@@ -379,9 +379,11 @@ TEST_F(HistoryStoreTest, RewindDropsTheStepsAfterTheCheckpoint) {
 
 // A child process writes and acknowledges summaries (each ack sent only after the call
 // returned OK) until the parent kills it with SIGKILL mid-stream; every acknowledged summary
-// must be in the reopened database.
+// must be in the reopened database. With `deferred`, the global summaries are committed as the
+// coordinator's sink commits them (Durability::kDeferred) and reported before any Sync, as a
+// watcher is shown them; Sync runs every few steps, as the acknowledgements' thread runs it.
 void KilledWriterKeepsAcknowledged(const std::string& path, bool synchronous_full,
-                                   int kill_after_acks) {
+                                   int kill_after_acks, bool deferred = false) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const pid_t child = fork();
@@ -397,8 +399,14 @@ void KilledWriterKeepsAcknowledged(const std::string& path, bool synchronous_ful
       if (!(*store)->AppendHost(Host("job-k", step, "h0", static_cast<float>(step))).ok()) {
         _exit(3);
       }
-      if (!(*store)->Append(Global("job-k", step, static_cast<float>(step))).ok()) _exit(4);
+      v1::GlobalSummary global = Global("job-k", step, static_cast<float>(step));
+      google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
+      hosts.Swap(global.mutable_host_detail());
+      const auto durability = deferred ? HistoryStore::Durability::kDeferred
+                                       : HistoryStore::Durability::kSynced;
+      if (!(*store)->Append(global, hosts, durability).ok()) _exit(4);
       if (write(fds[1], &step, sizeof(step)) != sizeof(step)) _exit(5);
+      if (deferred && step % 7 == 0 && !(*store)->Sync().ok()) _exit(6);
     }
   }
   close(fds[1]);
@@ -443,6 +451,32 @@ TEST_F(HistoryStoreTest, AcknowledgedSummariesSurviveSigkillNormalSync) {
 
 TEST_F(HistoryStoreTest, AcknowledgedSummariesSurviveSigkillFullSync) {
   KilledWriterKeepsAcknowledged(dir_ + "/full.db", /*synchronous_full=*/true, 20);
+}
+
+// What a watcher was shown between a deferred commit and its Sync survives the process.
+TEST_F(HistoryStoreTest, DeferredCommitsSurviveSigkillBeforeTheirSync) {
+  KilledWriterKeepsAcknowledged(dir_ + "/deferred.db", /*synchronous_full=*/true, 60,
+                                /*deferred=*/true);
+}
+
+TEST_F(HistoryStoreTest, DeferredCommitIsReadAtOnceAndSyncedOnce) {
+  HistoryStore::Config config = MakeConfig();
+  config.synchronous_full = true;
+  Open(config);
+  EXPECT_TRUE(store_->Sync().ok());  // nothing deferred yet: nothing to sync
+  v1::GlobalSummary global = Global("job-1", 1, 1.0f);
+  google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
+  hosts.Swap(global.mutable_host_detail());
+  ASSERT_TRUE(store_->Append(global, hosts, HistoryStore::Durability::kDeferred).ok());
+  // Visible before any sync: what the hub's backfill/live seam relies on.
+  EXPECT_EQ(store_->LatestStep("job-1").value(), 1);
+  EXPECT_EQ(store_->PersistedThroughStep("job-1", "h0").value(), 1);
+  ASSERT_TRUE(store_->Sync().ok());
+  ASSERT_TRUE(store_->Sync().ok());  // already synced
+  // Synced and deferred commits mix on one connection.
+  ASSERT_TRUE(store_->Append(Global("job-1", 2, 2.0f)).ok());
+  Open(config);
+  EXPECT_EQ(store_->LatestStep("job-1").value(), 2);
 }
 
 TEST_F(HistoryStoreTest, DownsamplingKeepsExtremesAndAtMostNPoints) {
