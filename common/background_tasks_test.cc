@@ -23,10 +23,11 @@ TEST(BackgroundTasksTest, RunsEveryTaskAndJoinAllWaitsForThem) {
 }
 
 TEST(BackgroundTasksTest, FinishedTasksAreJoinedByTheNextRun) {
+  // Declared before the tasks: they are joined (destroyed) first, while the blocked task may
+  // still be returning from its wait on `release`.
+  absl::Notification release, quick_done;
   BackgroundTasks tasks;
-  absl::Notification release;
   tasks.Run([&] { release.WaitForNotification(); });  // stays running
-  absl::Notification quick_done;
   tasks.Run([&] { quick_done.Notify(); });
   quick_done.WaitForNotification();
   // The quick task's thread may still be marking itself done; a few runs later it is gone.
