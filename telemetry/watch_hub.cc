@@ -370,6 +370,9 @@ absl::Status WatchHub::Publish(v1::GlobalSummary summary) {
       if (closed) continue;  // closed: forget it
       if (wake) notify.push_back(std::move(watcher));
       watchers[kept++] = watchers[i];
+      // The notifier starts writing to the first watchers while the rest are queued to: with
+      // a few hundred, waking it only at the end delayed every write by the whole loop.
+      if (notify.size() == kWakeChunk) Wake(std::exchange(notify, {}));
     }
     watchers.resize(kept);
   }

@@ -39,7 +39,8 @@
 //
 // Wake-ups: Publish and EndJob only queue items and mark watchers; the notify callbacks of
 // watchers waiting after kEmpty run on the hub's own notifier thread, so a publisher's cost
-// does not grow with what the callbacks do (e.g. start a gRPC write per watcher).
+// does not grow with what the callbacks do (e.g. start a gRPC write per watcher). Publish
+// hands them over a few at a time as it goes, so the first writes start while it queues.
 //
 // Lifetime: the HistoryStore given in Config must outlive the hub and every Watcher. Watchers
 // are shared: the hub holds them weakly, so dropping the last reference unsubscribes. When the
@@ -244,6 +245,9 @@ class WatchHub {
 
   explicit WatchHub(Config config) : config_(config) {}
 
+  // Publish hands the notifier this many watchers at a time, as it queues to them.
+  static constexpr size_t kWakeChunk = 32;
+
   // Has the notifier thread run these watchers' callbacks.
   void Wake(std::vector<std::shared_ptr<Watcher>> watchers) ABSL_LOCKS_EXCLUDED(wake_mu_);
   void NotifyLoop() ABSL_LOCKS_EXCLUDED(wake_mu_);
@@ -252,7 +256,7 @@ class WatchHub {
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex wake_mu_;
+  absl::Mutex wake_mu_ ABSL_ACQUIRED_AFTER(mu_);  // Publish wakes with mu_ held
   std::vector<std::shared_ptr<Watcher>> wake_ ABSL_GUARDED_BY(wake_mu_);  // to notify, in order
   uint64_t queued_ ABSL_GUARDED_BY(wake_mu_) = 0;    // wake-ups queued so far
   uint64_t notified_ ABSL_GUARDED_BY(wake_mu_) = 0;  // wake-ups whose callback has run
