@@ -315,15 +315,18 @@ absl::StatusOr<std::optional<int64_t>> CoordinatorTelemetry::Accept(v1::HostSumm
   // An empty incarnation is checked too: it is no registered host's, so a zombie or a spoof
   // cannot skip the fence by leaving it out.
   if (admit_) RETURN_IF_ERROR(admit_(summary.host(), summary.incarnation()));
+  bool earlier_run = false;
   {
     absl::MutexLock l(&steps_mu_);
     auto run = run_.find(summary.job_id());
-    if (run != run_.end() && summary.attempt() < run->second) {
-      // An earlier run's, sent before the worker heard of the restart: acknowledged (resending
-      // it is useless) but not stored; the ack covers no step of the new run.
-      RETURN_IF_ERROR(history_->Sync());  // what the ack covers is on disk
-      return history_->PersistedThroughStep(summary.job_id(), summary.host());
-    }
+    earlier_run = run != run_.end() && summary.attempt() < run->second;
+  }
+  if (earlier_run) {
+    // An earlier run's, sent before the worker heard of the restart: acknowledged (resending
+    // it is useless) but not stored; the ack covers no step of the new run, and what it covers
+    // is on disk.
+    RETURN_IF_ERROR(history_->Sync());
+    return history_->PersistedThroughStep(summary.job_id(), summary.host());
   }
   // The combiner keeps the summary itself when it takes it: what is read after, read now.
   const std::string job_id = summary.job_id(), host = summary.host();
