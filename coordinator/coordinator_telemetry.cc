@@ -46,9 +46,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorTelemetry>> CoordinatorTelemetry::Crea
            .sink = [self, on_nonfinite = std::move(config.on_nonfinite)](
                        v1::GlobalSummary summary) {
              // Committed first, so a watcher never sees a step that a restart of the
-             // coordinator would lose; the commit's fsync waits for the acknowledgements
-             // (docs/scale.md "Durable after publishing"). The host summaries are set apart
-             // for it and put back, never copied.
+             // coordinator would lose; the acknowledgements wait for the commit's fsync, which
+             // comes after publishing (docs/scale.md "Durable after publishing"). The host
+             // summaries are set apart for it and put back, never copied.
              google::protobuf::RepeatedPtrField<v1::HostSummary> hosts;
              hosts.Swap(summary.mutable_host_detail());
              const absl::Status appended = self->history_->Append(
