@@ -47,11 +47,7 @@ void AfterSync::Loop() {
       continue;  // the round is kept: tried again with whatever came meanwhile
     }
     for (auto& action : round) action();
-    round.clear();
-    if (stopping) {
-      absl::MutexLock l(&mu_);
-      if (queued_.empty()) return;
-    }
+    round.clear();  // stopping: the next pass takes what came meanwhile, or returns
   }
 }
 

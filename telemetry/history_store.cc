@@ -340,14 +340,14 @@ absl::Status HistoryStore::RunCachedLocked(const char* sql) {
 
 absl::Status HistoryStore::Sync() {
   if (!config_.synchronous_full) return absl::OkStatus();
-  const auto deferred = [this]() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    return deferred_commits_;
-  };
   absl::MutexLock sync(&sync_mu_);
+  int64_t covered = 0;  // every deferred commit by now: their frames are written
+  {
+    absl::MutexLock l(&mu_);
+    covered = deferred_commits_;
+  }
   // A caller that waited here for the sync before it usually finds its commits covered.
-  if (synced_commits_ >= deferred()) return absl::OkStatus();
-  const int64_t covered = deferred();  // every one committed by now: their frames are written
+  if (synced_commits_ >= covered) return absl::OkStatus();
   if (wal_fd_ < 0) {
     const std::string wal = config_.path + "-wal";
     wal_fd_ = ::open(wal.c_str(), O_RDONLY | O_CLOEXEC);
