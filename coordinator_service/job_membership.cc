@@ -40,7 +40,7 @@ absl::Status JobMembership::CheckMember(const std::optional<Identity>& caller,
                                         const std::string& incarnation) const {
   if (!IsWorker(caller)) return absl::OkStatus();
   return Check(*caller, job_id, incarnation, /*unknown_job_passes=*/true,
-               absl::StrCat("report for job ", job_id));
+               [&] { return absl::StrCat("report for job ", job_id); });
 }
 
 absl::Status JobMembership::CheckRelayed(const std::optional<Identity>& caller,
@@ -49,17 +49,17 @@ absl::Status JobMembership::CheckRelayed(const std::optional<Identity>& caller,
   if (!IsWorker(caller)) return absl::OkStatus();
   absl::StatusOr<std::string> relay = jobs_->TelemetryRelayOf(job_id, host);
   if (!relay.ok()) return absl::OkStatus();  // unknown job: Accept answers NOT_FOUND
-  const std::string what = absl::StrCat("relay host ", host, "'s telemetry of job ", job_id);
   if (*relay != caller->name) {
-    return Refuse(*caller, what,
+    return Refuse(*caller, absl::StrCat("relay host ", host, "'s telemetry of job ", job_id),
                   relay->empty() ? std::string("the job names no relay for that host; it "
                                                "uploads its own")
                                  : absl::StrCat("the job names ", *relay, " as its relay"));
   }
   Identity member = *caller;
   member.name = host;
-  return Check(member, job_id, incarnation, /*unknown_job_passes=*/true,
-               absl::StrCat("have its telemetry of job ", job_id, " relayed by ", caller->name));
+  return Check(member, job_id, incarnation, /*unknown_job_passes=*/true, [&] {
+    return absl::StrCat("have its telemetry of job ", job_id, " relayed by ", caller->name);
+  });
 }
 
 absl::Status JobMembership::CheckKey(const std::optional<Identity>& caller,
@@ -69,38 +69,38 @@ absl::Status JobMembership::CheckKey(const std::optional<Identity>& caller,
   if (!job.ok()) return Refuse(*caller, "use this key", std::string(job.status().message()));
   if (job->empty()) return absl::OkStatus();  // pjrt/: any worker of the cluster
   return Check(*caller, *job, "", /*unknown_job_passes=*/false,
-               absl::StrCat("use key-value key \"", key, "\""));
+               [&] { return absl::StrCat("use key-value key \"", key, "\""); });
 }
 
 absl::Status JobMembership::Check(const Identity& worker, const std::string& job_id,
                                   const std::string& incarnation, bool unknown_job_passes,
-                                  const std::string& what) const {
+                                  absl::FunctionRef<std::string()> what) const {
   // One host's entry per call (every telemetry summary under TLS); the whole map only to name
   // the members in a refusal.
   absl::StatusOr<std::optional<std::string>> member = jobs_->HostIncarnation(job_id, worker.name);
   if (!member.ok()) {
     if (unknown_job_passes && absl::IsNotFound(member.status())) return absl::OkStatus();
-    return Refuse(worker, what, std::string(member.status().message()));
+    return Refuse(worker, what(), std::string(member.status().message()));
   }
   if (!member->has_value()) {
     std::vector<std::string> hosts;
     if (auto members = jobs_->HostIncarnations(job_id); members.ok()) {
       for (const auto& [host, unused] : *members) hosts.push_back(host);
     }
-    return Refuse(worker, what,
+    return Refuse(worker, what(),
                   absl::StrCat("it is not a member of job ", job_id, " (members: ",
                                hosts.empty() ? "none yet" : absl::StrJoin(hosts, ", "), ")"));
   }
   const std::string& job_incarnation = **member;
   if (!incarnation.empty() && incarnation != job_incarnation) {
-    return Refuse(worker, what,
+    return Refuse(worker, what(),
                   absl::StrCat("incarnation ", incarnation, " is not the one job ", job_id,
                                " runs on (", job_incarnation, ")"));
   }
   // NOT_FOUND: the host has not registered since a coordinator restart; it still is the job's.
   if (absl::Status current = registry_->CheckCurrent(worker.name, job_incarnation);
       !current.ok() && !absl::IsNotFound(current)) {
-    return Refuse(worker, what,
+    return Refuse(worker, what(),
                   absl::StrCat("the incarnation job ", job_id, " runs on is no longer current (",
                                current.message(), ")"));
   }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/job_table.h"
@@ -56,9 +57,11 @@ class JobMembership {
   absl::Status CheckKey(const std::optional<Identity>& caller, const std::string& key) const;
 
  private:
+  // `what` names the refused action; it is built only for a refusal (a check that passes,
+  // once per telemetry summary under TLS, builds no message).
   absl::Status Check(const Identity& worker, const std::string& job_id,
                      const std::string& incarnation, bool unknown_job_passes,
-                     const std::string& what) const;
+                     absl::FunctionRef<std::string()> what) const;
 
   coordinator::WorkerRegistry* const registry_;
   coordinator::JobTable* const jobs_;
